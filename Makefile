@@ -1,0 +1,51 @@
+# agentsessions for Python. `make run` serves the host on the embedded defaults; `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard proto/agentsessions/v1/*.proto)
+GEN_DIR := sdk/src
+
+.PHONY: run demo test lint proto proto-check bench setup clean
+
+$(STAMP): requirements-dev.txt sdk/pyproject.toml host/pyproject.toml harnesses/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -e ./sdk -e ./harnesses -e ./host
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/agentsessions serve
+
+demo: $(STAMP)
+	$(PY) -m agentsessions.client.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+proto: $(STAMP)
+	rm -f $(GEN_DIR)/agentsessions/v1/*_pb2*.py $(GEN_DIR)/agentsessions/v1/*_pb2*.pyi
+	$(PY) -m grpc_tools.protoc -Iproto \
+	  --python_out=$(GEN_DIR) --grpc_python_out=$(GEN_DIR) \
+	  --plugin=protoc-gen-mypy=$(VENV)/bin/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(VENV)/bin/protoc-gen-mypy_grpc \
+	  --mypy_out=$(GEN_DIR) --mypy_grpc_out=$(GEN_DIR) $(PROTOS)
+
+# Fails when the committed generated code differs from what the protos generate.
+proto-check: proto
+	git diff --exit-code -- $(GEN_DIR)/agentsessions/v1
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/buf lint
+	$(PY) ../shared/tools/check_wire.py --proto-root proto
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build dist

@@ -1,0 +1,1 @@
+"""The agentsessions.v1 host: durable journal, controller and gRPC services."""

@@ -1,0 +1,1 @@
+"""Model providers: the embedded echo model and an OpenAI-compatible HTTP provider."""

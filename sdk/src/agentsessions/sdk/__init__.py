@@ -1,0 +1,31 @@
+"""Harness SDK for agentsessions.v1.
+
+A harness implements :class:`Harness` (``describe`` and ``run``) and talks to the host through
+the :class:`EventSink` it is handed. ``serve`` exposes a harness over ``Harness.Connect``.
+"""
+
+from agentsessions.sdk.errors import (
+    ApprovalParkedError,
+    CorrelationError,
+    ExecutionCancelledError,
+    ProtocolError,
+    SinkClosedError,
+    SinkError,
+    ToolCallRejectedError,
+)
+from agentsessions.sdk.harness import EventSink, Harness, Start, message_text, text_message
+
+__all__ = [
+    "ApprovalParkedError",
+    "CorrelationError",
+    "EventSink",
+    "ExecutionCancelledError",
+    "Harness",
+    "ProtocolError",
+    "SinkClosedError",
+    "SinkError",
+    "Start",
+    "ToolCallRejectedError",
+    "message_text",
+    "text_message",
+]
