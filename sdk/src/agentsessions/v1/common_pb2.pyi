@@ -976,7 +976,7 @@ class Lifecycle(_message.Message):
         LIFECYCLE_RESUME: Lifecycle._Kind.ValueType  # 2
         """Compute was restored and any interrupted execution recovered."""
         LIFECYCLE_FORK: Lifecycle._Kind.ValueType  # 3
-        """This session was forked from a parent; detail is "<parent uid>@<seq>"."""
+        """This session was forked from a parent; detail is "parent@<seq>" (the parent seq copied through)."""
         LIFECYCLE_BASELINE: Lifecycle._Kind.ValueType  # 4
         """A baseline the journal was re-anchored on."""
         LIFECYCLE_CANCEL: Lifecycle._Kind.ValueType  # 5
@@ -992,7 +992,7 @@ class Lifecycle(_message.Message):
     LIFECYCLE_RESUME: Lifecycle.Kind.ValueType  # 2
     """Compute was restored and any interrupted execution recovered."""
     LIFECYCLE_FORK: Lifecycle.Kind.ValueType  # 3
-    """This session was forked from a parent; detail is "<parent uid>@<seq>"."""
+    """This session was forked from a parent; detail is "parent@<seq>" (the parent seq copied through)."""
     LIFECYCLE_BASELINE: Lifecycle.Kind.ValueType  # 4
     """A baseline the journal was re-anchored on."""
     LIFECYCLE_CANCEL: Lifecycle.Kind.ValueType  # 5
