@@ -1,0 +1,92 @@
+"""Host-run tools: call checks, the executor seam, durable dedup, Python and MCP executors.
+
+The controller uses :func:`validate_tool_call` before journaling a host-run call's intent and
+:class:`ToolRegistry` to run it at most once per (session, idempotency key).
+"""
+
+from agentsessions.host.tools.args import (
+    check_json_value,
+    python_to_struct,
+    struct_to_python,
+    validate_tool_args,
+    validate_tool_call,
+)
+from agentsessions.host.tools.config import (
+    McpServerConfig,
+    PythonToolConfig,
+    ToolsConfig,
+    load_tools_file,
+    parse_mcp_server_flag,
+    parse_tool_executor_flag,
+    tools_config_from_flags,
+    tools_config_from_mapping,
+)
+from agentsessions.host.tools.errors import (
+    DuplicateToolError,
+    InvalidToolArgumentsError,
+    InvalidToolCallError,
+    MissingIdempotencyKeyError,
+    MissingToolCallIdError,
+    MissingToolExecutorError,
+    ToolConfigError,
+    ToolExecutorStartError,
+    UnmediatedToolCallError,
+)
+from agentsessions.host.tools.executor import (
+    DEFAULT_TOOL_TIMEOUT_S,
+    ManagedToolExecutor,
+    ToolContext,
+    ToolExecutor,
+    ToolReceiptStore,
+    ToolRegistry,
+    ToolSpec,
+    error_result,
+)
+from agentsessions.host.tools.mcp_stdio import McpExecutor, result_from_mcp
+from agentsessions.host.tools.python_callable import (
+    CallableTool,
+    PythonCallableExecutor,
+    ToolFunction,
+    import_tool_function,
+    result_from_return,
+)
+
+__all__ = [
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "CallableTool",
+    "DuplicateToolError",
+    "InvalidToolArgumentsError",
+    "InvalidToolCallError",
+    "ManagedToolExecutor",
+    "McpExecutor",
+    "McpServerConfig",
+    "MissingIdempotencyKeyError",
+    "MissingToolCallIdError",
+    "MissingToolExecutorError",
+    "PythonCallableExecutor",
+    "PythonToolConfig",
+    "ToolConfigError",
+    "ToolContext",
+    "ToolExecutor",
+    "ToolExecutorStartError",
+    "ToolFunction",
+    "ToolReceiptStore",
+    "ToolRegistry",
+    "ToolSpec",
+    "ToolsConfig",
+    "UnmediatedToolCallError",
+    "check_json_value",
+    "error_result",
+    "import_tool_function",
+    "load_tools_file",
+    "parse_mcp_server_flag",
+    "parse_tool_executor_flag",
+    "python_to_struct",
+    "result_from_mcp",
+    "result_from_return",
+    "struct_to_python",
+    "tools_config_from_flags",
+    "tools_config_from_mapping",
+    "validate_tool_args",
+    "validate_tool_call",
+]
