@@ -1,0 +1,76 @@
+"""Domain errors of the controller. The service layer maps each class to one gRPC status
+(``agentsessions.host.service.status``); the controller itself knows nothing about gRPC."""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base class of controller errors."""
+
+
+class InvalidArgumentError(ControllerError):
+    """A request field breaks a rule; the message names the field and the rule."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+class SessionNotFoundError(ControllerError):
+    """No such session."""
+
+    def __init__(self, uid: str) -> None:
+        super().__init__(f"session {uid!r} not found")
+        self.uid = uid
+
+
+class SessionBusyError(ControllerError):
+    """Another Exec/Suspend/Resume/Approve/Fork holds the session on this host."""
+
+    def __init__(self, uid: str) -> None:
+        super().__init__(f"session {uid!r} is busy with another operation on this host")
+
+
+class ConcurrencyError(ControllerError):
+    """The journal's CAS or fence refused the append (another writer won)."""
+
+
+class FailedPreconditionError(ControllerError):
+    """The session is not in a state that allows the operation."""
+
+
+class InvalidExecutionLogError(FailedPreconditionError):
+    """The journal cannot establish a complete, well-formed invocation."""
+
+
+class IncompleteInvocationError(InvalidExecutionLogError):
+    """The interrupted turn's inputs were only partly committed; Exec again with all inputs."""
+
+
+class InheritedToolIntentError(InvalidExecutionLogError):
+    """A fork-copied tool intent cannot be re-driven under the child's uid."""
+
+
+class HarnessMismatchError(FailedPreconditionError):
+    """The served harness is not the one (name/version) the journal recorded."""
+
+
+class UnplaceableError(FailedPreconditionError):
+    """The harness's needs cannot be met by the runtime (e.g. memory snapshots)."""
+
+
+class HarnessUnavailableError(ControllerError):
+    """The harness could not be reached for Describe (nothing was journaled)."""
+
+
+class DeadlineExceededError(ControllerError):
+    """The caller's deadline passed."""
+
+
+class ReplayDivergedError(ControllerError):
+    """Replay or recovery diverged from the journal; sticky for the execution."""
+
+
+class HarnessRunError(ControllerError):
+    """The harness's run failed mid-turn; the turn is left interrupted for Resume."""

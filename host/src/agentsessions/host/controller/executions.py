@@ -1,0 +1,192 @@
+"""Reading a journal as executions: which records belong to which turn, and what each
+turn's recorded effects are, so replay and recovery can serve them back in order."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from agentsessions.host.controller.errors import InvalidExecutionLogError
+from agentsessions.v1 import common_pb2
+
+K = common_pb2.EventKind
+_EXECUTION_KINDS = {
+    K.EVENT_INPUT,
+    K.EVENT_MODEL_CALL,
+    K.EVENT_OUTPUT,
+    K.EVENT_TOOL_CALL,
+    K.EVENT_TOOL_RESULT,
+    K.EVENT_APPROVAL_REQUEST,
+    K.EVENT_APPROVAL_RESULT,
+    K.EVENT_USAGE,
+    K.EVENT_END,
+    K.EVENT_ERROR,
+}
+
+
+@dataclass
+class Effect:
+    """One recorded effect of an execution, as the harness's sink call would consume it."""
+
+    kind: str  # "model" | "output" | "tool" | "report"
+    call: common_pb2.Event  # MODEL_CALL, OUTPUT, TOOL_CALL or TOOL_RESULT (report)
+    reply: common_pb2.Event | None = None  # OUTPUT of a model call, TOOL_RESULT of a tool call
+    approval_request: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_REQUEST)
+    approval_result: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_RESULT)
+
+
+@dataclass
+class Execution:
+    """One turn of a session as the journal recorded it."""
+
+    id: str
+    legacy: bool
+    first_index: int  # index (seq - 1) of the turn's first record
+    start: common_pb2.ExecutionStart | None
+    inputs: list[common_pb2.Message] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)  # every record index of the turn
+    end_index: int | None = None
+    error_indexes: list[int] = field(default_factory=list)
+    inherited: bool = False  # every record lies in a fork-copied prefix
+
+    @property
+    def completed(self) -> bool:
+        """Finished: an END (or, for a legacy turn, an END or ERROR) was journaled."""
+        if self.end_index is not None:
+            return True
+        return self.legacy and bool(self.error_indexes)
+
+
+def legacy_execution_id(session: str, seq: int, content_hash: str) -> str:
+    """Transport-only execution id for a legacy (id-less) turn; never journaled."""
+    digest = hashlib.sha256(f"{session}\x00{seq}\x00{content_hash}".encode()).hexdigest()
+    return "legacy-" + digest
+
+
+def split_executions(events: list[common_pb2.Event], fork_seq: int = 0) -> list[Execution]:
+    """Group a session's events into executions in first-seen order.
+
+    Modern turns are keyed by execution id and open with EXECUTION_START. Id-less execution
+    records (the v0.1.2 writer) form legacy turns that end at END or ERROR; once a modern
+    record appears, later id-less execution records make the log invalid.
+    """
+    by_id: dict[str, Execution] = {}
+    order: list[Execution] = []
+    legacy: Execution | None = None
+    modern_seen = False
+    for index, ev in enumerate(events):
+        if ev.kind == K.EVENT_LIFECYCLE:
+            continue
+        if ev.kind == K.EVENT_EXECUTION_START:
+            if not ev.execution_id:
+                raise InvalidExecutionLogError(f"record {index + 1}: EXECUTION_START without execution_id")
+            if ev.execution_id in by_id:
+                raise InvalidExecutionLogError(
+                    f"record {index + 1}: execution {ev.execution_id} started twice"
+                )
+            modern_seen = True
+            legacy = None
+            ex = Execution(ev.execution_id, False, index, ev.execution_start, indexes=[index])
+            by_id[ev.execution_id] = ex
+            order.append(ex)
+            continue
+        if ev.kind not in _EXECUTION_KINDS:
+            continue
+        if ev.execution_id:
+            modern_seen = True
+            legacy = None
+            ex_or_none = by_id.get(ev.execution_id)
+            if ex_or_none is None:
+                ex_or_none = Execution(ev.execution_id, False, index, None)
+                by_id[ev.execution_id] = ex_or_none
+                order.append(ex_or_none)
+            _attach(ex_or_none, index, ev)
+            continue
+        if ev.kind in (K.EVENT_APPROVAL_REQUEST, K.EVENT_APPROVAL_RESULT):
+            raise InvalidExecutionLogError(f"record {index + 1}: approval record without execution_id")
+        if modern_seen:
+            raise InvalidExecutionLogError(
+                f"record {index + 1}: {K.Name(ev.kind)} without execution_id after a modern execution"
+            )
+        if legacy is None or legacy.completed:
+            legacy = Execution("", True, index, None)
+            order.append(legacy)
+        _attach(legacy, index, ev)
+    for ex in order:
+        ex.inherited = fork_seq > 0 and all(i < fork_seq for i in ex.indexes)
+    return order
+
+
+def _attach(ex: Execution, index: int, ev: common_pb2.Event) -> None:
+    ex.indexes.append(index)
+    if ev.kind == K.EVENT_INPUT:
+        ex.inputs.append(ev.message)
+    elif ev.kind == K.EVENT_END:
+        ex.end_index = index
+    elif ev.kind == K.EVENT_ERROR:
+        ex.error_indexes.append(index)
+
+
+def latest_execution(executions: list[Execution]) -> Execution | None:
+    """The execution whose first record is newest (first-seen order)."""
+    return executions[-1] if executions else None
+
+
+def recorded_effects(
+    events: list[common_pb2.Event], ex: Execution
+) -> tuple[list[Effect], int]:
+    """The execution's effect stream and its number of USAGE records.
+
+    MODEL_CALL pairs with the OUTPUT that follows it; TOOL_CALL with its approval records and
+    the TOOL_RESULT carrying its id; a lone OUTPUT is direct output and a lone TOOL_RESULT a
+    harness report. USAGE is accounting, not an effect; ERROR and END are not effects.
+    """
+    effects: list[Effect] = []
+    usage = 0
+    open_tools: dict[str, Effect] = {}
+    pending_model: Effect | None = None
+    for index in ex.indexes:
+        ev = events[index]
+        kind = ev.kind
+        if kind == K.EVENT_MODEL_CALL:
+            pending_model = Effect("model", ev)
+            effects.append(pending_model)
+            continue
+        if kind == K.EVENT_OUTPUT:
+            if pending_model is not None and pending_model.reply is None:
+                pending_model.reply = ev
+            else:
+                effects.append(Effect("output", ev))
+            pending_model = None
+            continue
+        if kind in (K.EVENT_INPUT, K.EVENT_END, K.EVENT_ERROR, K.EVENT_EXECUTION_START):
+            continue
+        pending_model = None
+        if kind == K.EVENT_USAGE:
+            usage += 1
+        elif kind == K.EVENT_TOOL_CALL:
+            call_id = ev.tool.id
+            if call_id in open_tools:
+                raise InvalidExecutionLogError(f"record {index + 1}: tool call id {call_id!r} reused")
+            eff = Effect("tool", ev)
+            open_tools[call_id] = eff
+            effects.append(eff)
+        elif kind == K.EVENT_APPROVAL_REQUEST:
+            eff_or_none = open_tools.get(ev.approval.tool_call_id)
+            if eff_or_none is None or eff_or_none.approval_request is not None:
+                raise InvalidExecutionLogError(f"record {index + 1}: approval request without its tool call")
+            eff_or_none.approval_request = (index + 1, ev)
+        elif kind == K.EVENT_APPROVAL_RESULT:
+            eff_or_none = open_tools.get(ev.approval_result.tool_call_id)
+            if eff_or_none is None or eff_or_none.approval_request is None:
+                raise InvalidExecutionLogError(f"record {index + 1}: approval decision without a request")
+            if eff_or_none.approval_result is None:
+                eff_or_none.approval_result = (index + 1, ev)
+        elif kind == K.EVENT_TOOL_RESULT:
+            eff_or_none = open_tools.get(ev.result.id)
+            if eff_or_none is not None and eff_or_none.reply is None:
+                eff_or_none.reply = ev
+                del open_tools[ev.result.id]
+            else:
+                effects.append(Effect("report", ev))
+    return effects, usage

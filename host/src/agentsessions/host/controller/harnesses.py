@@ -1,0 +1,104 @@
+"""Which harness serves a session: the host's static harnesses (in-process or dialled
+addresses) and HarnessRegistry entries, resolved by name."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from agentsessions.host.controller.errors import (
+    FailedPreconditionError,
+    HarnessUnavailableError,
+    InvalidArgumentError,
+)
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.sdk.harness import Harness
+from agentsessions.v1 import harness_pb2, harness_registry_pb2
+
+DESCRIBE_TIMEOUT_S = 10.0
+
+# Builds a Harness that dials an address (host:port, dns:///..., unix:...).
+RemoteFactory = Callable[[str], Harness]
+
+
+@dataclass(frozen=True)
+class ResolvedHarness:
+    """A harness ready to be described and run, with how it is placed."""
+
+    name: str
+    harness: Harness
+    registered: bool  # from HarnessRegistry (pinned: no per-turn override onto or off it)
+    in_process: bool  # runs inside the host process
+    descriptor_id: str = ""  # what the registration says Describe must report, if set
+
+
+class HarnessCatalog:
+    """Static harnesses by name plus registry entries read through the journal store."""
+
+    def __init__(
+        self,
+        static: Mapping[str, tuple[Harness, bool]],
+        store: JournalStore,
+        remote_factory: RemoteFactory,
+        default: str = "echo",
+    ) -> None:
+        self._static = dict(static)  # name -> (harness, in_process)
+        self._store = store
+        self._remote_factory = remote_factory
+        self._remote_cache: dict[str, Harness] = {}
+        self.default = default
+
+    def static_names(self) -> list[str]:
+        return sorted(self._static)
+
+    def is_static(self, name: str) -> bool:
+        return name in self._static
+
+    async def names(self) -> list[str]:
+        regs = await self._store.list_harnesses()
+        return sorted(set(self._static) | {r.metadata.name for r in regs})
+
+    async def resolve(self, name: str, *, for_new_session: bool = False) -> ResolvedHarness:
+        """Look a harness up by name. Unknown -> InvalidArgumentError; a retired registration
+        refuses new sessions (FailedPreconditionError) but keeps serving existing ones."""
+        name = name or self.default
+        static = self._static.get(name)
+        if static is not None:
+            return ResolvedHarness(name, static[0], registered=False, in_process=static[1])
+        reg = await self._store.get_harness(name)
+        if reg is None:
+            known = ", ".join(await self.names())
+            raise InvalidArgumentError("harness", f"unknown harness {name!r} (registered: {known})")
+        if for_new_session and reg.state == harness_registry_pb2.HARNESS_STATE_RETIRED:
+            raise FailedPreconditionError(f"harness {name!r} is retired and admits no new sessions")
+        if reg.spec.WhichOneof("placement") != "remote":
+            raise FailedPreconditionError(f"harness {name!r} has a placement this host cannot serve")
+        address = reg.spec.remote.address
+        harness = self._remote_cache.get(address)
+        if harness is None:
+            harness = self._remote_factory(address)
+            self._remote_cache[address] = harness
+        return ResolvedHarness(
+            name, harness, registered=True, in_process=False, descriptor_id=reg.spec.descriptor_id
+        )
+
+
+async def describe(resolved: ResolvedHarness, timeout: float = DESCRIBE_TIMEOUT_S) -> harness_pb2.HarnessDescriptor:
+    """Describe a harness at admission, bounded; failures are UNAVAILABLE-class errors."""
+    try:
+        descriptor = await asyncio.wait_for(resolved.harness.describe(), timeout)
+    except TimeoutError as exc:
+        raise HarnessUnavailableError(
+            f"harness {resolved.name!r} did not answer Describe within {timeout:g}s"
+        ) from exc
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise HarnessUnavailableError(f"harness {resolved.name!r} is unreachable: {exc}") from exc
+    if resolved.descriptor_id and descriptor.id != resolved.descriptor_id:
+        raise FailedPreconditionError(
+            f"harness {resolved.name!r} reports descriptor id {descriptor.id!r}, "
+            f"registration requires {resolved.descriptor_id!r}"
+        )
+    return descriptor
