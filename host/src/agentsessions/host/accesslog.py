@@ -1,0 +1,160 @@
+"""The access-log interceptor: one log line per RPC, and the RPC's request id.
+
+For each call it binds the request id (``x-request-id`` from the caller, or a fresh one), returns it
+in trailing metadata, runs the handler, and logs method, status code, duration and request id. It
+never logs requests, responses or status details, which may carry user content. Calls to methods
+no service serves are answered UNIMPLEMENTED here, so they get a request id and a log line too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from agentsessions.host import logs, requestid
+
+log = logging.getLogger("agentsessions.host.rpc")
+
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
+class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        method: str = handler_call_details.method
+        request_id = requestid.from_metadata(handler_call_details.invocation_metadata)
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return grpc.stream_stream_rpc_method_handler(_unknown_method(method, request_id))
+        return _wrap(handler, method, request_id)
+
+
+def _wrap(handler: grpc.RpcMethodHandler, method: str, request_id: str) -> grpc.RpcMethodHandler:
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _unary_response(handler.unary_unary, method, request_id), **codec
+        )
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            _unary_response(handler.stream_unary, method, request_id), **codec
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _stream_response(handler.unary_stream, method, request_id), **codec
+        )
+    return grpc.stream_stream_rpc_method_handler(
+        _stream_response(handler.stream_stream, method, request_id), **codec
+    )
+
+
+Behavior = Callable[[Any, Any], Any]
+
+
+def _unary_response(behavior: Behavior, method: str, request_id: str) -> Behavior:
+    async def serve(request: Any, context: aio.ServicerContext) -> Any:
+        call = _Call(method, request_id, context)
+        try:
+            result = behavior(request, context)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        finally:
+            call.log()
+
+    return serve
+
+
+def _stream_response(behavior: Behavior, method: str, request_id: str) -> Behavior:
+    async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        call = _Call(method, request_id, context)
+        try:
+            responses = behavior(request, context)
+            if inspect.isawaitable(responses):
+                # A handler that writes with context.write() and returns nothing.
+                responses = await responses
+            if hasattr(responses, "__aiter__"):
+                async for response in responses:
+                    yield response
+            elif responses is not None:
+                for response in responses:
+                    yield response
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        finally:
+            call.log()
+
+    return serve
+
+
+def _unknown_method(method: str, request_id: str) -> Behavior:
+    async def serve(requests: Any, context: aio.ServicerContext) -> None:
+        call = _Call(method, request_id, context)
+        try:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, f"{method.lstrip('/')} is not served by this host"
+            )
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        finally:
+            call.log()
+
+    return serve
+
+
+class _Call:
+    """One RPC's bookkeeping: binds the request id and measures until ``log``."""
+
+    def __init__(self, method: str, request_id: str, context: aio.ServicerContext) -> None:
+        self.method = method
+        self.request_id = request_id
+        self.context = context
+        self.error = ""
+        self.code: grpc.StatusCode | None = None
+        self.started = time.perf_counter()
+        # Each RPC runs in its own task, so the binding ends with the RPC and is never reset here.
+        requestid.bind(request_id)
+        context.set_trailing_metadata(((requestid.HEADER, request_id),))
+
+    def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            remaining = self.context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        elif not isinstance(exc, aio.AbortError):
+            # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.
+            self.code = grpc.StatusCode.UNKNOWN
+            self.error = type(exc).__name__
+
+    def log(self) -> None:
+        code = self.code or self.context.code() or grpc.StatusCode.OK
+        values: dict[str, Any] = {
+            "method": self.method,
+            "code": code.name,
+            "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "request_id": self.request_id,
+            "peer": self.context.peer(),
+        }
+        if self.error:
+            values["error"] = self.error
+        level = logging.ERROR if code in _SERVER_FAULTS else logging.INFO
+        log.log(level, "rpc", extra=logs.fields(**values))
+
+
+_SERVER_FAULTS = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS})

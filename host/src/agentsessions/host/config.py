@@ -1,0 +1,325 @@
+"""The host's configuration: one ``HostConfig`` from ``serve`` flags and ``AGENTSESSIONS_*`` variables.
+
+A flag wins over its environment variable, which wins over the default. Everything is validated when
+the ``HostConfig`` is built, so a bad value stops startup with a message naming the flag and the rule.
+The model provider's key is read from the environment only (never argv), so it never shows in ``ps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, cast
+
+ENV_PREFIX = "AGENTSESSIONS_"
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_JOURNAL = "agentsessions.db"
+DEFAULT_PROJECT = "default"
+DEFAULT_DRAIN_GRACE_SECONDS = 10.0
+DEFAULT_MODEL_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_MODEL_PATH = "/chat/completions"
+DEFAULT_MODEL_AUTH_HEADER = "Authorization"
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+# Names the host always serves itself; a remote harness may not take them.
+RESERVED_HARNESS_NAMES = frozenset({"echo", "chat"})
+
+# Provider key variables, first match wins.
+MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
+
+JournalKind = Literal["memory", "sqlite", "postgres"]
+LogFormat = Literal["text", "json"]
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*")
+
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything ``agentsessions serve`` needs to start. Construct directly in tests."""
+
+    listen: str = DEFAULT_LISTEN
+    journal: str = DEFAULT_JOURNAL
+    project: str = DEFAULT_PROJECT
+    log_level: str = "info"
+    log_format: LogFormat = "text"
+    drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
+    # Remote harnesses as (name, address) pairs, in flag order.
+    harnesses: list[tuple[str, str]] = field(default_factory=list)
+    registry_addr: str | None = None
+    # Empty means the built-in echo model.
+    model: str = ""
+    model_base_url: str = DEFAULT_MODEL_BASE_URL
+    model_path: str = DEFAULT_MODEL_PATH
+    model_auth_header: str = DEFAULT_MODEL_AUTH_HEADER
+    model_api_key: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        check_listen_address("--listen", self.listen)
+        journal_kind(self.journal)
+        if not self.project:
+            raise ConfigError("--project must not be empty")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+        if not self.drain_grace_seconds >= 0:
+            raise ConfigError(f"--drain-grace {self.drain_grace_seconds} must be a number of seconds >= 0")
+        seen: set[str] = set()
+        for name, address in self.harnesses:
+            check_harness_name(name)
+            if name in seen:
+                raise ConfigError(f"--harness {name!r} is given more than once")
+            seen.add(name)
+            check_harness_address(f"--harness {name}", address)
+        if self.registry_addr is not None:
+            check_registry_address(self.registry_addr, self.listen)
+        if self.model_path and not self.model_path.startswith("/"):
+            raise ConfigError(f"--model-path {self.model_path!r} must start with '/'")
+        if self.model and not self.model_base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--model-base-url {self.model_base_url!r} must be an http:// or https:// URL")
+
+    @property
+    def journal_kind(self) -> JournalKind:
+        """Which store the journal location names: memory, sqlite (a file path) or postgres (a URL)."""
+        return journal_kind(self.journal)
+
+    @classmethod
+    def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> HostConfig:
+        """Resolve each setting as flag, else ``AGENTSESSIONS_<NAME>``, else the default."""
+
+        def pick(attr: str, default: str) -> str:
+            value: str | None = getattr(args, attr, None)
+            if value is not None:
+                return value
+            return environ.get(ENV_PREFIX + attr.upper(), default)
+
+        grace_text = pick("drain_grace", str(DEFAULT_DRAIN_GRACE_SECONDS))
+        try:
+            grace = float(grace_text)
+        except ValueError:
+            raise ConfigError(f"--drain-grace {grace_text!r} is not a number of seconds") from None
+
+        flag_harnesses: list[str] | None = getattr(args, "harness", None)
+        if flag_harnesses:
+            harness_entries: Sequence[str] = flag_harnesses
+        else:
+            harness_entries = environ.get(ENV_PREFIX + "HARNESS", "").replace(",", " ").split()
+
+        return cls(
+            listen=pick("listen", DEFAULT_LISTEN),
+            journal=pick("journal", DEFAULT_JOURNAL),
+            project=pick("project", DEFAULT_PROJECT),
+            log_level=pick("log_level", "info").lower(),
+            log_format=cast(LogFormat, pick("log_format", "text").lower()),
+            drain_grace_seconds=grace,
+            harnesses=[parse_harness_entry(entry) for entry in harness_entries],
+            registry_addr=pick("registry_addr", "") or None,
+            model=pick("model", ""),
+            model_base_url=pick("model_base_url", DEFAULT_MODEL_BASE_URL),
+            model_path=pick("model_path", DEFAULT_MODEL_PATH),
+            model_auth_header=pick("model_auth_header", DEFAULT_MODEL_AUTH_HEADER),
+            model_api_key=next((environ[v] for v in MODEL_API_KEY_VARIABLES if environ.get(v)), ""),
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` flags. Defaults are None so ``from_sources`` can tell 'not given' from a value."""
+    env = ENV_PREFIX
+    parser.add_argument(
+        "--listen",
+        metavar="ADDR",
+        help=f"Sessions gRPC listen address, host:port or unix:path "
+        f"(env {env}LISTEN; default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--journal",
+        metavar="LOCATION",
+        help=f"journal: a SQLite file path, 'memory:', or a postgres:// URL "
+        f"(env {env}JOURNAL; default {DEFAULT_JOURNAL})",
+    )
+    parser.add_argument(
+        "--project",
+        metavar="NAME",
+        help=f"default project for sessions created without one "
+        f"(env {env}PROJECT; default {DEFAULT_PROJECT})",
+    )
+    parser.add_argument(
+        "--log-level", metavar="LEVEL", help=f"{'|'.join(LOG_LEVELS)} (env {env}LOG_LEVEL; default info)"
+    )
+    parser.add_argument(
+        "--log-format", metavar="FORMAT", help=f"text|json log lines (env {env}LOG_FORMAT; default text)"
+    )
+    parser.add_argument(
+        "--drain-grace",
+        metavar="SECONDS",
+        help=f"on SIGTERM/SIGINT, how long in-flight calls may finish (env {env}DRAIN_GRACE; "
+        f"default {DEFAULT_DRAIN_GRACE_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--harness",
+        action="append",
+        metavar="NAME=ADDRESS",
+        help="remote harness, repeatable; ADDRESS is host:port, dns:///host:port, dns://resolver/host:port, "
+        f"unix:path or unix:///abs/path (env {env}HARNESS, comma-separated)",
+    )
+    parser.add_argument(
+        "--registry-addr",
+        metavar="IP:PORT",
+        help=f"literal loopback IP:port for a separate HarnessRegistry server (env {env}REGISTRY_ADDR)",
+    )
+    parser.add_argument(
+        "--model", metavar="ID", help=f"model id; empty means the built-in echo model (env {env}MODEL)"
+    )
+    parser.add_argument(
+        "--model-base-url",
+        metavar="URL",
+        help=f"OpenAI-compatible base URL (env {env}MODEL_BASE_URL; default {DEFAULT_MODEL_BASE_URL})",
+    )
+    parser.add_argument(
+        "--model-path",
+        metavar="PATH",
+        help=f"completions path under the base URL (env {env}MODEL_PATH; default {DEFAULT_MODEL_PATH})",
+    )
+    parser.add_argument(
+        "--model-auth-header",
+        metavar="HEADER",
+        help=f"header carrying the key from ${MODEL_API_KEY_VARIABLES[0]}; "
+        f"Authorization sends 'Bearer <key>' "
+        f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
+    )
+
+
+def journal_kind(location: str) -> JournalKind:
+    if location == "memory:":
+        return "memory"
+    if location.startswith(("postgres://", "postgresql://")):
+        return "postgres"
+    if not location:
+        raise ConfigError("--journal must not be empty")
+    if _URL_SCHEME.match(location):
+        raise ConfigError(
+            f"--journal {location!r}: expected a SQLite file path, 'memory:' or a postgres:// URL"
+        )
+    return "sqlite"
+
+
+def parse_harness_entry(entry: str) -> tuple[str, str]:
+    name, sep, address = entry.partition("=")
+    if not sep:
+        raise ConfigError(f"--harness {entry!r} must be NAME=ADDRESS")
+    return name.strip(), address.strip()
+
+
+def check_harness_name(name: str) -> None:
+    if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+        raise ConfigError(
+            f"--harness name {name!r} must be a DNS label: lowercase letters, digits and '-', "
+            "starting and ending alphanumeric, at most 63 characters"
+        )
+    if name in RESERVED_HARNESS_NAMES:
+        raise ConfigError(f"--harness name {name!r} is reserved for a harness the host serves itself")
+
+
+def check_harness_address(flag: str, address: str) -> None:
+    """Accept the address forms a host dials: host:port, dns:///h:p, dns://resolver/h:p, unix:path, unix:///abs."""
+    rule = "expected host:port, dns:///host:port, dns://resolver/host:port, unix:path or unix:///abs/path"
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path.removeprefix("//")
+            if not path.startswith("/") or len(path) < 2:
+                raise ConfigError(f"{flag} address {address!r}: unix:// needs an absolute path; {rule}")
+        elif not path:
+            raise ConfigError(f"{flag} address {address!r} has no socket path; {rule}")
+        return
+    if address.startswith("dns:"):
+        rest = address.removeprefix("dns:")
+        if not rest.startswith("//"):
+            raise ConfigError(f"{flag} address {address!r}: {rule}")
+        authority, slash, target = rest.removeprefix("//").partition("/")
+        if not slash:
+            raise ConfigError(f"{flag} address {address!r}: {rule}")
+        if authority:
+            _check_host_port(flag, address, authority, rule, port_required=False)
+        _check_host_port(flag, address, target, rule, port_required=True)
+        return
+    _check_host_port(flag, address, address, rule, port_required=True)
+
+
+def check_listen_address(flag: str, address: str) -> None:
+    rule = "expected host:port (port 0 picks a free one), unix:path or unix:///abs/path"
+    if address.startswith("unix:"):
+        check_harness_address(flag, address)
+        return
+    _check_host_port(flag, address, address, rule, port_required=True, allow_port_zero=True)
+
+
+def check_registry_address(address: str, listen: str) -> None:
+    """The registry is an unauthenticated admin API: a literal loopback IP:port, never the Sessions port."""
+    rule = "expected a literal loopback IP:port such as 127.0.0.1:50052"
+    host, port = _split_host_port("--registry-addr", address, rule)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"--registry-addr {address!r}: {host!r} is not a literal IP; {rule}") from None
+    if not ip.is_loopback:
+        raise ConfigError(f"--registry-addr {address!r} is not a loopback address; {rule}")
+    _check_port("--registry-addr", address, port, rule, allow_zero=False)
+    if address == listen:
+        raise ConfigError(f"--registry-addr {address!r} must differ from --listen")
+
+
+def _split_host_port(flag: str, address: str, rule: str) -> tuple[str, str]:
+    """Split ``host:port`` or ``[ipv6]:port``; an IPv6 host must be bracketed."""
+    if address.startswith("["):
+        host, bracket, rest = address[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise ConfigError(f"{flag} {address!r}: {rule}")
+        return host, rest[1:]
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{flag} {address!r} needs host:port; {rule}")
+    if ":" in host:
+        raise ConfigError(f"{flag} {address!r}: an IPv6 host goes in brackets, [::1]:port; {rule}")
+    return host, port
+
+
+def _check_host_port(
+    flag: str,
+    address: str,
+    host_port: str,
+    rule: str,
+    *,
+    port_required: bool,
+    allow_port_zero: bool = False,
+) -> None:
+    if port_required or host_port.startswith("[") or host_port.count(":") == 1:
+        host, port = _split_host_port(flag, host_port, rule)
+        _check_port(flag, address, port, rule, allow_zero=allow_port_zero)
+    else:
+        host = host_port
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        raise ConfigError(f"{flag} {address!r}: {host!r} is not a host name or IP; {rule}")
+
+
+def _check_port(flag: str, address: str, port: str, rule: str, *, allow_zero: bool) -> None:
+    lowest = 0 if allow_zero else 1
+    if not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise ConfigError(f"{flag} {address!r}: port {port!r} must be {lowest}..65535; {rule}")

@@ -1,0 +1,86 @@
+"""Structured host logs: one line per event, as ``key=value`` text or as JSON objects, on stderr.
+
+Structured values travel in ``extra=fields(...)``. Every line written while an RPC is served carries
+that RPC's request id. Payloads never go in a log line: callers pass names, codes and counts only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from agentsessions.host import requestid
+
+_FIELDS = "agentsessions_fields"
+
+
+def fields(**values: Any) -> dict[str, Any]:
+    """``extra=`` for a log call: ``log.info("rpc", extra=fields(method=m, code="OK"))``."""
+    return {_FIELDS: values}
+
+
+def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Route the ``agentsessions`` loggers (and grpc's) to one stderr handler in the chosen format."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _structured(record: logging.LogRecord) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    request_id = requestid.current()
+    extra = getattr(record, _FIELDS, None)
+    if isinstance(extra, dict):
+        values.update(extra)
+    if request_id and "request_id" not in values:
+        values["request_id"] = request_id
+    return values
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, then the structured fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update(_structured(record))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """``<ts> <LEVEL> <logger> <msg> key=value ...``; values with spaces or quotes are quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [_timestamp(record), record.levelname, record.name, record.getMessage()]
+        parts.extend(f"{key}={_text_value(value)}" for key, value in _structured(record).items())
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        value = ",".join(str(item) for item in value)
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n\t'):
+        return json.dumps(text)
+    return text

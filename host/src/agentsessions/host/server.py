@@ -1,0 +1,189 @@
+"""``agentsessions serve``: the host's gRPC server, its health, reflection and graceful drain.
+
+Each listener is a ``grpc.aio`` server carrying the app's services, ``grpc.health.v1.Health`` and
+server reflection, behind the access-log interceptor. SIGTERM or SIGINT starts the drain: every
+health status turns NOT_SERVING, the listeners stop accepting calls, in-flight calls get the grace
+period to finish (a second signal cuts it short), the app is closed, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from grpc import aio
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from agentsessions.host import config as host_config
+from agentsessions.host import health, logs
+from agentsessions.host.accesslog import AccessLogInterceptor
+from agentsessions.host.app import App, Service, build_app
+from agentsessions.host.config import ConfigError, HostConfig
+
+log = logging.getLogger("agentsessions.host")
+
+# A second host on a busy port must fail to start, not share the port.
+_SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+
+
+class StartupError(Exception):
+    """The host could not start serving (for example, the listen address is taken)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve the agentsessions.v1 host",
+        description="Serve agentsessions.v1 Sessions with gRPC health and server reflection. "
+        "Every flag can also come from its AGENTSESSIONS_* environment variable; the flag wins.",
+    )
+    host_config.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``serve`` subcommand: exit 0 after a drain, 1 when serving fails, 2 on bad configuration."""
+    try:
+        config = HostConfig.from_sources(args, os.environ)
+    except ConfigError as exc:
+        print(f"agentsessions serve: error: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_level, config.log_format)
+    try:
+        return asyncio.run(serve(config))
+    except StartupError as exc:
+        log.error("startup failed", extra=logs.fields(error=str(exc)))
+        return 1
+
+
+async def serve(config: HostConfig) -> int:
+    """Serve until SIGTERM or SIGINT, then drain; returns the process exit code."""
+    signals = _Signals()
+    with signals.installed():
+        app = await build_app(config)
+        listeners: list[_Listener] = []
+        try:
+            listeners = _listeners(config, app)
+            for listener in listeners:
+                await listener.start()
+            log.info(
+                "serving",
+                extra=logs.fields(
+                    listen=listeners[0].bound,
+                    registry=listeners[1].bound if len(listeners) > 1 else "",
+                    journal=config.journal_kind,
+                    project=config.project,
+                    harnesses=[name for name, _ in config.harnesses],
+                    services=[service.name for service in app.services],
+                    pid=os.getpid(),
+                ),
+            )
+            await signals.first.wait()
+            log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
+            await _drain(listeners, config.drain_grace_seconds, signals.second)
+        finally:
+            # After a drain this is a no-op; after a failed start it releases the listeners that did start.
+            await _stop_all(listeners, None)
+            await app.close()
+    log.info("stopped")
+    return 0
+
+
+def _listeners(config: HostConfig, app: App) -> list[_Listener]:
+    listeners = [_Listener(config.listen, app.services, app.interceptors)]
+    if config.registry_addr and app.admin_services:
+        listeners.append(_Listener(config.registry_addr, app.admin_services, app.interceptors))
+    elif app.admin_services:
+        names = [service.name for service in app.admin_services]
+        log.info("admin services not served: set --registry-addr", extra=logs.fields(services=names))
+    return listeners
+
+
+async def _drain(listeners: Sequence[_Listener], grace: float, cut_short: asyncio.Event) -> None:
+    for listener in listeners:
+        await listener.health.drain()
+    stopping = asyncio.create_task(_stop_all(listeners, grace))
+    interrupted = asyncio.create_task(cut_short.wait())
+    try:
+        racing: set[asyncio.Future[Any]] = {stopping, interrupted}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():
+            log.info("drain cut short: cancelling in-flight calls")
+            await _stop_all(listeners, None)
+        # Bounded: grpc cancels whatever is left when the grace period (or the cut) ends.
+        await stopping
+    finally:
+        interrupted.cancel()
+
+
+async def _stop_all(listeners: Sequence[_Listener], grace: float | None) -> None:
+    await asyncio.gather(*(listener.stop(grace) for listener in listeners))
+
+
+class _Listener:
+    """One gRPC server: the given services plus health and reflection, on one address."""
+
+    def __init__(
+        self, address: str, services: Sequence[Service], interceptors: Sequence[aio.ServerInterceptor]
+    ) -> None:
+        self.address = address
+        self.bound = address
+        names = [service.name for service in services]
+        self.health = health.HealthServicer(names)
+        self.server = aio.server(
+            interceptors=[AccessLogInterceptor(), *interceptors], options=_SERVER_OPTIONS
+        )
+        for service in services:
+            service.add_to_server(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+
+    async def start(self) -> None:
+        try:
+            port = self.server.add_insecure_port(self.address)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {self.address}: {exc}") from None
+        if self.address.endswith(":0"):
+            self.bound = f"{self.address[:-2]}:{port}"
+        await self.server.start()
+        await self.health.serving()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
+
+
+class _Signals:
+    """SIGTERM/SIGINT as events: the first starts the drain, the second cuts it short."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+        self.second = asyncio.Event()
+
+    def _received(self, signum: int) -> None:
+        if self.first.is_set():
+            log.info("second signal", extra=logs.fields(signal=signal.Signals(signum).name))
+            self.second.set()
+        else:
+            log.info("signal", extra=logs.fields(signal=signal.Signals(signum).name))
+            self.first.set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._received, signum)
+        try:
+            yield
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)

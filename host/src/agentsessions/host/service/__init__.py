@@ -1,0 +1,1 @@
+"""gRPC servicers: thin adapters between the wire and the controller."""
