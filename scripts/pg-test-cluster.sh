@@ -4,6 +4,7 @@
 #   scripts/pg-test-cluster.sh start DIR [--durable]   init + start in DIR; prints the URL on stdout
 #   scripts/pg-test-cluster.sh stop DIR                stop it (DIR is left for the caller to delete)
 #   scripts/pg-test-cluster.sh url DIR                 print the URL of a running cluster
+#   scripts/pg-test-cluster.sh bindir                  print the server binaries' directory (exit 1: none)
 #
 # Without --durable the cluster runs with fsync off (tests only need crash-free semantics,
 # not durability); benchmarks pass --durable so commit costs are real. When run as root the
@@ -14,7 +15,10 @@ set -euo pipefail
 die() { echo "pg-test-cluster: $*" >&2; exit 1; }
 
 find_bindir() {
-  if [[ -n "${PG_BINDIR:-}" ]]; then echo "$PG_BINDIR"; return; fi
+  if [[ -n "${PG_BINDIR:-}" ]]; then
+    [[ -x "$PG_BINDIR/initdb" ]] || die "PG_BINDIR=$PG_BINDIR has no initdb"
+    echo "$PG_BINDIR"; return
+  fi
   if command -v pg_config >/dev/null 2>&1; then
     local d; d="$(pg_config --bindir)"
     if [[ -x "$d/initdb" ]]; then echo "$d"; return; fi
@@ -86,7 +90,7 @@ cmd_stop() {
   local dir="$1"
   [[ -n "$dir" && -d "$dir/data" ]] || die "no cluster in '$dir'"
   local bindir; bindir="$(find_bindir)"
-  as_user "$bindir/pg_ctl" -D "$dir/data" -m immediate -w -t 60 stop >/dev/null 2>&1 || true
+  as_user "$bindir/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
 }
 
 cmd_url() {
@@ -99,5 +103,6 @@ case "${1:-}" in
   start) shift; cmd_start "${1:-}" "${2:-}" ;;
   stop) shift; cmd_stop "${1:-}" ;;
   url) shift; cmd_url "${1:-}" ;;
-  *) die "usage: $0 start DIR [--durable] | stop DIR | url DIR" ;;
+  bindir) find_bindir ;;
+  *) die "usage: $0 start DIR [--durable] | stop DIR | url DIR | bindir" ;;
 esac
