@@ -86,7 +86,8 @@ def pg_server() -> Iterator[PgServer]:
         return
     if _server_binaries() is None:
         unavailable(f"{URL_ENV} is unset and no PostgreSQL server binaries are installed")
-    workdir = tempfile.mkdtemp(prefix="agentsessions-pg-")
+    # Under /tmp so the unprivileged server account can reach it when tests run as root.
+    workdir = tempfile.mkdtemp(prefix="agentsessions-pg-", dir="/tmp" if os.path.isdir("/tmp") else None)
     try:
         try:
             started = subprocess.run(
