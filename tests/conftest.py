@@ -1,0 +1,51 @@
+"""Shared fixtures.
+
+pytest-grpc's ``grpc_server``/``grpc_channel``/``grpc_stub`` are synchronous; the overrides below keep
+its convention (a test module provides ``grpc_add_to_server``, ``grpc_servicer`` and ``grpc_stub_cls``,
+and may override ``grpc_interceptors``) but serve the servicer on a real ``grpc.aio`` server on a
+loopback port and hand out an aio channel and stub.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from grpc import aio
+
+
+@pytest.fixture
+def grpc_addr() -> str:
+    """A free loopback port: bind port 0, note the port, release it for the server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def grpc_server(
+    grpc_addr: str,
+    grpc_add_to_server: Callable[[Any, aio.Server], None],
+    grpc_servicer: Any,
+    grpc_interceptors: list[aio.ServerInterceptor] | None,
+) -> AsyncIterator[aio.Server]:
+    server = aio.server(interceptors=grpc_interceptors, options=(("grpc.so_reuseport", 0),))
+    grpc_add_to_server(grpc_servicer, server)
+    server.add_insecure_port(grpc_addr)
+    await server.start()
+    yield server
+    await server.stop(None)
+
+
+@pytest.fixture
+async def grpc_channel(grpc_addr: str, grpc_server: aio.Server) -> AsyncIterator[aio.Channel]:
+    async with aio.insecure_channel(grpc_addr) as channel:
+        yield channel
+
+
+@pytest.fixture
+def grpc_stub(grpc_stub_cls: Callable[[aio.Channel], Any], grpc_channel: aio.Channel) -> Any:
+    return grpc_stub_cls(grpc_channel)

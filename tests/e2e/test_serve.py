@@ -1,0 +1,340 @@
+"""The host as an operator runs it: a real ``agentsessions serve`` process on a loopback port, driven
+by the real grpcurl binary with no proto files (everything it knows comes from server reflection).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agentsessions.v1 import session_pb2
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+GRPCURL = BIN / "grpcurl"
+STARTUP_TIMEOUT = 60.0
+CALL_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@dataclass
+class Host:
+    process: subprocess.Popen[bytes]
+    address: str
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text()
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log_text().splitlines() if line.startswith("{")]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=CALL_TIMEOUT)
+
+
+def start_host(
+    tmp: Path,
+    *,
+    command: Sequence[str] = (str(BIN / "agentsessions"), "serve"),
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    listen: str | None = None,
+) -> Host:
+    """Start a host the way ``make run`` does, and return once its health check answers SERVING."""
+    address = listen or f"127.0.0.1:{free_port()}"
+    argv = [*command, "--journal", str(tmp / "journal.db"), *args]
+    if listen is None:
+        argv += ["--listen", address]
+    log_path = tmp / "host.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=tmp
+        )
+    host = Host(process, address, log_path)
+    try:
+        wait_serving(host)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=CALL_TIMEOUT)
+        raise
+    return host
+
+
+def wait_serving(host: Host) -> None:
+    """Bounded: a health Check that waits for the channel, raced against the process exiting."""
+    with grpc.insecure_channel(host.address) as channel:
+        ready = grpc.channel_ready_future(channel)
+        for _ in range(int(STARTUP_TIMEOUT * 10)):
+            if host.process.poll() is not None:
+                pytest.fail(f"host exited {host.process.returncode} before serving:\n{host.log_text()}")
+            try:
+                ready.result(timeout=0.1)
+                break
+            except grpc.FutureTimeoutError:
+                continue
+        else:
+            pytest.fail(f"host did not accept connections:\n{host.log_text()}")
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT
+        )
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def grpcurl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(GRPCURL), "-plaintext", *args],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    running = start_host(tmp_path_factory.mktemp("host"), args=["--log-format", "json"])
+    yield running
+    assert running.stop() == 0
+
+
+@pytest.fixture
+def empty_dir(tmp_path: Path) -> Path:
+    """grpcurl runs here, where there is no .proto file to find."""
+    return tmp_path
+
+
+def test_reflection_lists_the_services_without_proto_files(host: Host, empty_dir: Path) -> None:
+    listed = grpcurl(host.address, "list", cwd=empty_dir)
+    assert listed.returncode == 0, listed.stderr
+    services = set(listed.stdout.split())
+    assert {"agentsessions.v1.Sessions", "grpc.health.v1.Health"} <= services
+    # The registry is an admin API on its own listener, never on the Sessions port.
+    assert "agentsessions.v1.HarnessRegistry" not in services
+
+
+def test_reflection_lists_every_sessions_rpc(host: Host, empty_dir: Path) -> None:
+    listed = grpcurl(host.address, "list", "agentsessions.v1.Sessions", cwd=empty_dir)
+    assert listed.returncode == 0, listed.stderr
+    expected = {
+        f"agentsessions.v1.Sessions.{method.name}"
+        for method in session_pb2.DESCRIPTOR.services_by_name["Sessions"].methods
+    }
+    assert set(listed.stdout.split()) == expected
+
+
+def test_describe_session_shows_every_field(host: Host, empty_dir: Path) -> None:
+    described = grpcurl(host.address, "describe", "agentsessions.v1.Session", cwd=empty_dir)
+    assert described.returncode == 0, described.stderr
+    assert "message Session {" in described.stdout
+    for field in session_pb2.Session.DESCRIPTOR.fields:
+        assert re.search(rf"\b{field.name} = {field.number};", described.stdout), field.name
+
+
+@pytest.mark.parametrize("service", ["", "agentsessions.v1.Sessions"])
+def test_health_check_is_serving(host: Host, empty_dir: Path, service: str) -> None:
+    checked = grpcurl(
+        "-d", json.dumps({"service": service}), host.address, "grpc.health.v1.Health/Check", cwd=empty_dir
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout) == {"status": "SERVING"}
+
+
+def test_health_check_of_an_unknown_service_is_not_found(host: Host, empty_dir: Path) -> None:
+    checked = grpcurl(
+        "-d", '{"service": "no.such.Service"}', host.address, "grpc.health.v1.Health/Check", cwd=empty_dir
+    )
+    assert checked.returncode != 0
+    assert "Code: NotFound" in checked.stderr
+
+
+@pytest.mark.parametrize("rpc", ["Cancel", "DeleteSession", "Exec", "Replay"])
+def test_unimplemented_rpc_names_itself(host: Host, empty_dir: Path, rpc: str) -> None:
+    called = grpcurl("-d", "{}", host.address, f"agentsessions.v1.Sessions/{rpc}", cwd=empty_dir)
+    assert called.returncode != 0
+    assert "Code: Unimplemented" in called.stderr
+    assert f"agentsessions.v1.Sessions/{rpc} is not implemented by this host" in called.stderr
+
+
+def trailers(verbose_output: str) -> dict[str, str]:
+    """The ``Response trailers received:`` block of ``grpcurl -v`` output."""
+    block = verbose_output.split("Response trailers received:", 1)[1]
+    found: dict[str, str] = {}
+    for line in block.splitlines()[1:]:
+        key, sep, value = line.partition(": ")
+        if not sep:
+            break
+        found[key] = value
+    return found
+
+
+def test_request_id_round_trip(host: Host, empty_dir: Path) -> None:
+    request_id = f"e2e-{os.getpid()}-{free_port()}"
+    called = grpcurl(
+        "-v",
+        "-H",
+        f"x-request-id: {request_id}",
+        "-d",
+        '{"session": "sess-payload-must-not-be-logged"}',
+        host.address,
+        "agentsessions.v1.Sessions/Cancel",
+        cwd=empty_dir,
+    )
+    assert "Code: Unimplemented" in called.stderr
+    assert trailers(called.stdout)["x-request-id"] == request_id
+
+    # The access log line was written before the status left the host.
+    lines = [
+        line for line in host.json_lines() if line.get("request_id") == request_id and line["msg"] == "rpc"
+    ]
+    cancel = [line for line in lines if line["method"] == "/agentsessions.v1.Sessions/Cancel"]
+    assert len(cancel) == 1
+    assert cancel[0]["code"] == "UNIMPLEMENTED"
+    assert isinstance(cancel[0]["duration_ms"], float | int)
+    assert "sess-payload-must-not-be-logged" not in host.log_text()
+
+
+def test_request_id_is_minted_when_absent(host: Host, empty_dir: Path) -> None:
+    called = grpcurl("-v", "-d", "{}", host.address, "grpc.health.v1.Health/Check", cwd=empty_dir)
+    assert called.returncode == 0, called.stderr
+    minted = trailers(called.stdout)["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", minted)
+    assert any(line.get("request_id") == minted and line["code"] == "OK" for line in host.json_lines())
+
+
+def test_unknown_method_is_unimplemented_with_a_request_id(host: Host) -> None:
+    with grpc.insecure_channel(host.address) as channel:
+        call = channel.unary_unary("/agentsessions.v1.Sessions/NoSuchRpc")
+        with pytest.raises(grpc.RpcError) as raised:
+            call(b"", timeout=CALL_TIMEOUT, metadata=[("x-request-id", "unknown-method-probe")])
+    error: Any = raised.value
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "agentsessions.v1.Sessions/NoSuchRpc" in error.details()
+    assert ("x-request-id", "unknown-method-probe") in tuple(error.trailing_metadata())
+
+
+def test_a_taken_port_stops_startup(host: Host, tmp_path: Path) -> None:
+    second = subprocess.run(
+        [str(BIN / "agentsessions"), "serve", "--listen", host.address, "--journal", "memory:"],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+        cwd=tmp_path,
+    )
+    assert second.returncode == 1
+    assert f"cannot listen on {host.address}" in second.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        (["--harness", "mine"], "--harness"),
+        (["--harness", "mine=localhost"], "--harness mine"),
+        (["--listen", "nowhere"], "--listen"),
+        (["--registry-addr", "10.1.2.3:9000"], "--registry-addr"),
+        (["--log-format", "xml"], "--log-format"),
+    ],
+)
+def test_bad_configuration_stops_startup(tmp_path: Path, flag: list[str], named: str) -> None:
+    refused = subprocess.run(
+        [str(BIN / "agentsessions"), "serve", "--journal", "memory:", *flag],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2
+    assert named in refused.stderr
+
+
+class JsonMessages:
+    """grpcurl's pretty-printed stream output, one decoded message at a time, each read bounded."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        buffered = ""
+        for line in stream:
+            buffered += line
+            if line.rstrip() == "}":
+                self._messages.put(json.loads(buffered))
+                buffered = ""
+        self._messages.put(None)
+
+    def next(self) -> dict[str, Any] | None:
+        return self._messages.get(timeout=CALL_TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "signum"),
+    [
+        ((str(BIN / "agentsessions"), "serve"), signal.SIGTERM),
+        ((sys.executable, "-m", "agentsessions.host"), signal.SIGINT),
+    ],
+    ids=["agentsessions-serve-SIGTERM", "python-m-SIGINT"],
+)
+def test_signal_drains_to_not_serving_and_exits_zero(
+    tmp_path: Path, launcher: tuple[str, ...], signum: signal.Signals
+) -> None:
+    # The listen address comes from the environment here, proving the AGENTSESSIONS_* path.
+    address = f"127.0.0.1:{free_port()}"
+    host = start_host(
+        tmp_path,
+        command=launcher,
+        args=["--drain-grace", "30"],
+        env={"AGENTSESSIONS_LISTEN": address},
+        listen=address,
+    )
+    try:
+        watch = subprocess.Popen(
+            [str(GRPCURL), "-plaintext", "-d", "{}", host.address, "grpc.health.v1.Health/Watch"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert watch.stdout is not None
+        messages = JsonMessages(watch.stdout)
+        assert messages.next() == {"status": "SERVING"}
+
+        host.process.send_signal(signum)
+
+        # The drain is observable: the open watch hears NOT_SERVING, then the host ends it cleanly.
+        assert messages.next() == {"status": "NOT_SERVING"}
+        assert messages.next() is None
+        assert watch.wait(timeout=CALL_TIMEOUT) == 0
+        assert host.process.wait(timeout=CALL_TIMEOUT) == 0
+    finally:
+        if host.process.poll() is None:
+            host.process.kill()
+            host.process.wait(timeout=CALL_TIMEOUT)
+    log = host.log_text()
+    assert "draining" in log
+    assert "stopped" in log
