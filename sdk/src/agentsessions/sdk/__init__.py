@@ -14,6 +14,7 @@ from agentsessions.sdk.errors import (
     ToolCallRejectedError,
 )
 from agentsessions.sdk.harness import EventSink, Harness, Start, message_text, text_message
+from agentsessions.sdk.server import HarnessServer, HarnessServicer, run_server, serve, start_server
 
 __all__ = [
     "ApprovalParkedError",
@@ -21,11 +22,16 @@ __all__ = [
     "EventSink",
     "ExecutionCancelledError",
     "Harness",
+    "HarnessServer",
+    "HarnessServicer",
     "ProtocolError",
     "SinkClosedError",
     "SinkError",
     "Start",
     "ToolCallRejectedError",
     "message_text",
+    "run_server",
+    "serve",
+    "start_server",
     "text_message",
 ]

@@ -1,0 +1,465 @@
+"""The host side of ``Harness.Connect``: a remote harness behind the SDK's ``Harness`` protocol.
+
+:class:`RemoteHarness` dials a harness process and, for each execution, bridges the stream to
+the host-side :class:`EventSink` it is given (spec section 5): harness events become sink calls,
+and sink results become reply frames stamped with the session and execution id.
+
+Approval decisions. For a ``REQUIRES_APPROVAL`` call the host sink either raises
+:class:`ApprovalParkedError` (undecided: the bridge parks the harness, requires its correlated
+PARKED acknowledgement and stream closure, then re-raises the same error) or returns the receipt
+(a ToolResult with ``approval_request_seq`` and ``approval_decision_seq`` set). The bridge then
+sends the ApprovalResult frame before the tool frame. It takes that decision from the sink's
+``approval_decision(tool_call_id)`` method when the sink has one (see :class:`ApprovalDecisions`),
+which is how the recorded reason reaches the harness; otherwise it derives the decision from the
+receipt (approved unless ``code`` is APPROVAL_DENIED, no reason). Either way the receipt must be
+consistent with the decision (spec 5.5) or the bridge refuses to send it.
+
+End of stream. END COMPLETED returns; END FAILED raises :class:`HarnessFailedError`; EOF
+without END is treated as completed, as the reference host does, so a harness that simply
+returns is not reported as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Protocol, runtime_checkable
+
+import grpc
+
+from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.harness import EventSink, Start, message_text
+from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+
+_KIND = common_pb2.EventKind
+
+# Effects the host answers or records; everything the harness may send.
+_HOST_OWNED = frozenset(
+    {
+        _KIND.EVENT_APPROVAL_REQUEST,
+        _KIND.EVENT_APPROVAL_RESULT,
+        _KIND.EVENT_EXECUTION_START,
+        _KIND.EVENT_PARKED,
+    }
+)
+_IGNORED = frozenset(
+    {_KIND.EVENT_KIND_UNSPECIFIED, _KIND.EVENT_INPUT, _KIND.EVENT_ERROR, _KIND.EVENT_LIFECYCLE}
+)
+_BODY = {
+    _KIND.EVENT_MODEL_CALL: "model",
+    _KIND.EVENT_TOOL_CALL: "tool",
+    _KIND.EVENT_TOOL_RESULT: "result",
+    _KIND.EVENT_USAGE: "usage",
+    _KIND.EVENT_END: "end",
+}
+# Stream endings that mean the harness process is gone or unreachable rather than broken.
+_UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+class HarnessLinkError(Exception):
+    """Base of every error the harness link raises."""
+
+
+class HarnessUnavailableError(HarnessLinkError):
+    """The harness could not be reached, or stopped answering. ``code`` is the gRPC status."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HarnessFailedError(HarnessLinkError):
+    """The harness ended the execution FAILED (or the stream with an error status)."""
+
+    def __init__(self, description: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(description)
+        self.description = description
+        self.code = code
+
+
+class HarnessProtocolError(HarnessLinkError):
+    """The harness broke the Harness.Connect protocol."""
+
+
+class HostSinkError(HarnessLinkError):
+    """The host sink answered in a way the protocol cannot carry (a host bug, not the harness's)."""
+
+
+@runtime_checkable
+class ApprovalDecisions(Protocol):
+    """Optional sink method: the recorded decision for a tool call whose receipt it returned."""
+
+    def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None: ...
+
+
+_ADDRESS_FORMS = "host:port, dns:///host:port, dns://resolver/host:port, unix:path or unix:///abs/path"
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.%\w]+\]|[^\s:/\[\]]+):(\d{1,5})$")
+
+
+def harness_target(address: str) -> str:
+    """The gRPC target for a harness address; raises ValueError for forms the host does not dial."""
+    if address.startswith("unix:"):
+        path = address[len("unix:") :]
+        if path.startswith("//"):
+            if not path.startswith("///") or len(path) <= 3:
+                raise ValueError(
+                    f"harness address {address!r}: unix:// needs an absolute path (unix:///abs/path)"
+                )
+        elif not path:
+            raise ValueError(f"harness address {address!r}: unix: needs a socket path")
+        return address
+    if address.startswith("dns:"):
+        rest = address[len("dns:") :]
+        if not rest.startswith("//"):
+            raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
+        _, slash, endpoint = rest[2:].partition("/")
+        if not slash or not _valid_host_port(endpoint):
+            raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
+        return address
+    if not _valid_host_port(address):
+        raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
+    return address
+
+
+def _valid_host_port(text: str) -> bool:
+    match = _HOST_PORT.match(text)
+    return match is not None and 0 < int(match.group(1)) <= 65535
+
+
+class RemoteHarness:
+    """A harness in another process, dialled at ``address``; implements the SDK ``Harness``.
+
+    ``describe_timeout`` bounds Describe (the admission bound is 10 s); ``event_timeout`` bounds
+    each wait for the harness's next event (None: no bound beyond the caller's); ``ack_timeout``
+    bounds the wait for the park acknowledgement and the stream closure after it;
+    ``cancel_grace`` is how long :meth:`cancel` lets the harness end before cutting the stream.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        describe_timeout: float = 10.0,
+        event_timeout: float | None = 600.0,
+        ack_timeout: float = 10.0,
+        cancel_grace: float = 5.0,
+    ) -> None:
+        self.address = address
+        self._target = harness_target(address)
+        self._describe_timeout = describe_timeout
+        self._event_timeout = event_timeout
+        self._ack_timeout = ack_timeout
+        self._cancel_grace = cancel_grace
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: harness_pb2_grpc.HarnessAsyncStub | None = None
+        self._live: dict[str, _Bridge] = {}
+
+    def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
+        # The channel belongs to the event loop that first uses it.
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+            self._stub = harness_pb2_grpc.HarnessStub(self._channel)  # type: ignore[assignment]
+        assert self._stub is not None
+        return self._stub
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        try:
+            descriptor: harness_pb2.HarnessDescriptor = await self._harness_stub().Describe(
+                harness_pb2.DescribeRequest(), timeout=self._describe_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            raise HarnessUnavailableError(
+                f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
+            ) from exc
+        return descriptor
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        """Run one execution on the remote harness, bridging its events to ``sink``."""
+        if not start.execution_id:
+            raise ValueError("Start.execution_id is required")
+        if start.execution_id in self._live:
+            raise ValueError(f"execution {start.execution_id!r} is already running on {self.address}")
+        bridge = _Bridge(self, start, sink)
+        self._live[start.execution_id] = bridge
+        try:
+            await bridge.run()
+        finally:
+            del self._live[start.execution_id]
+
+    async def cancel(self, execution_id: str, reason: str = "") -> bool:
+        """Ask the harness to cancel a running execution: send Cancel, wait the grace, then cut.
+
+        The execution's ``run`` then raises :class:`ExecutionCancelledError` (or returns, if the
+        harness completed first). False when no such execution is running here.
+        """
+        bridge = self._live.get(execution_id)
+        if bridge is None:
+            return False
+        await bridge.cancel(reason, self._cancel_grace)
+        return True
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stub = None
+
+    async def __aenter__(self) -> RemoteHarness:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _Bridge:
+    """One Connect stream: one execution."""
+
+    def __init__(self, link: RemoteHarness, start: Start, sink: EventSink) -> None:
+        self._link = link
+        self._start = start
+        self._sink = sink
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._cancel_reason: str | None = None
+
+    async def run(self) -> None:
+        outer = asyncio.current_task()
+        self._task = asyncio.create_task(self._bridge())
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            # Our own cancel cut the stream; the caller's task was not cancelled.
+            if self._cancel_reason is not None and outer is not None and not outer.cancelling():
+                raise ExecutionCancelledError(self._cancelled_message("")) from None
+            raise
+        except (HarnessFailedError, HarnessUnavailableError) as exc:
+            if self._cancel_reason is not None and exc.code == grpc.StatusCode.CANCELLED:
+                raise ExecutionCancelledError(self._cancelled_message("")) from exc
+            raise
+        finally:
+            if self._call is not None and not self._call.done():
+                self._call.cancel()
+
+    async def cancel(self, reason: str, grace: float) -> None:
+        if self._cancel_reason is None:
+            self._cancel_reason = reason
+        task = self._task
+        if task is None or task.done():
+            return
+        with contextlib.suppress(HarnessLinkError, TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason=reason)))
+        await asyncio.wait({task}, timeout=grace)
+        if not task.done():
+            if self._call is not None:
+                self._call.cancel()
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
+
+    def _cancelled_message(self, description: str) -> str:
+        reason = description or self._cancel_reason or ""
+        return f"execution cancelled: {reason}" if reason else "execution cancelled"
+
+    # -- the stream ------------------------------------------------------------------------
+
+    async def _bridge(self) -> None:
+        start = self._start
+        try:
+            self._call = self._link._harness_stub().Connect()
+        except grpc.aio.AioRpcError as exc:
+            raise _stream_error(exc, self._link.address) from exc
+        body = harness_pb2.Start(
+            config=start.config,
+            history=list(start.history),
+            inputs=list(start.inputs),
+            resume_from_seq=start.resume_from_seq,
+        )
+        if start.identity is not None:
+            body.identity.CopyFrom(start.identity)
+        await self._send(harness_pb2.ControllerFrame(start=body))
+        while True:
+            event = await self._receive(self._link._event_timeout, "event")
+            if event is None:
+                return  # EOF without END: completed, as the reference host treats it
+            if await self._handle(event):
+                return
+
+    async def _handle(self, event: common_pb2.Event) -> bool:
+        """Act on one harness event; True when it ended the execution."""
+        kind = event.kind
+        name = _kind_name(kind)
+        if event.execution_id != self._start.execution_id:
+            raise HarnessProtocolError(
+                f"event execution_id mismatch: got {event.execution_id!r}, want {self._start.execution_id!r}"
+            )
+        if kind in _HOST_OWNED:
+            raise HarnessProtocolError(f"harness emitted host-owned control event {name}")
+        if kind in _IGNORED:
+            return False
+        expected = _BODY.get(kind)
+        if expected is not None and event.WhichOneof("body") != expected:
+            raise HarnessProtocolError(f"{name} event without its {expected} body")
+        if kind == _KIND.EVENT_MODEL_CALL:
+            result = await self._sink.model(event.model)
+            reply = harness_pb2.ModelResult(message=result.message, model_call_id=event.model.id)
+            if result.HasField("usage"):
+                reply.usage.CopyFrom(result.usage)
+            await self._send(harness_pb2.ControllerFrame(model=reply))
+        elif kind == _KIND.EVENT_OUTPUT:
+            await self._sink.output(message_text(event.message))
+        elif kind == _KIND.EVENT_TOOL_CALL:
+            await self._tool_call(event.tool)
+        elif kind == _KIND.EVENT_TOOL_RESULT:
+            field = host_owned_receipt_field(event.result)
+            if field is not None:
+                raise HarnessProtocolError(
+                    f"harness reported host-owned approval receipt field {field} "
+                    f"for tool call {event.result.id!r}"
+                )
+            await self._sink.report(event.result)
+        elif kind == _KIND.EVENT_USAGE:
+            await self._sink.usage(event.usage)
+        elif kind == _KIND.EVENT_END:
+            self._end(event.end)
+            return True
+        else:
+            raise HarnessProtocolError(f"harness emitted unknown event kind {name}")
+        return False
+
+    def _end(self, end: common_pb2.HarnessEnd) -> None:
+        if end.state == "COMPLETED":
+            return
+        description = end.error.description
+        if end.state == "CANCELED" and self._cancel_reason is not None:
+            raise ExecutionCancelledError(self._cancelled_message(description))
+        raise HarnessFailedError(
+            f"remote harness ended {end.state or 'without a state'}: {description or 'no description'}"
+        )
+
+    async def _tool_call(self, call: common_pb2.ToolCall) -> None:
+        approval = call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL
+        if approval and (not self._start.session or not call.id):
+            raise HarnessProtocolError("approval requires session and call id")
+        try:
+            result = await self._sink.tool_call(call)
+        except ApprovalParkedError as parked:
+            if not approval:
+                raise HostSinkError(
+                    f"host sink parked tool call {call.id!r}, which does not require approval"
+                ) from parked
+            await self._park(parked, call)
+            raise
+        reply = common_pb2.ToolResult()
+        reply.CopyFrom(result)
+        reply.id = call.id  # the receipt answers this call, whatever id an executor returned
+        if not approval:
+            field = host_owned_receipt_field(reply)
+            if field is not None:
+                raise HostSinkError(
+                    f"host sink answered ordinary tool call {call.id!r} with approval field {field}"
+                )
+            await self._send(harness_pb2.ControllerFrame(tool=reply))
+            return
+        if reply.approval_request_seq == 0:
+            raise HostSinkError(
+                f"host sink answered REQUIRES_APPROVAL call {call.id!r} without an approval receipt"
+            )
+        decision = None
+        if isinstance(self._sink, ApprovalDecisions):
+            decision = self._sink.approval_decision(call.id)
+        if decision is None:
+            decision = decision_from_receipt(call.id, reply)
+        conflict = receipt_conflict(decision, reply)
+        if conflict is not None or decision.tool_call_id != call.id:
+            raise HostSinkError(
+                f"host sink receipt for tool call {call.id!r}: {conflict or 'decision is for another call'}"
+            )
+        await self._send(harness_pb2.ControllerFrame(approval=decision))
+        await self._send(harness_pb2.ControllerFrame(tool=reply))
+
+    async def _park(self, parked: ApprovalParkedError, call: common_pb2.ToolCall) -> None:
+        """Hand the park to the harness; require its acknowledgement and then stream closure."""
+        ref = parked.ref
+        if (
+            ref.execution_id != self._start.execution_id
+            or ref.tool_call_id != call.id
+            or ref.request_seq <= 0
+        ):
+            raise HostSinkError(f"host sink parked with a reference that does not name tool call {call.id!r}")
+        await self._send(harness_pb2.ControllerFrame(park=ref))
+        ack = await self._receive(self._link._ack_timeout, "park acknowledgement")
+        if (
+            ack is None
+            or ack.kind != _KIND.EVENT_PARKED
+            or ack.execution_id != self._start.execution_id
+            or ack.WhichOneof("body") != "parked"
+            or ack.parked != ref
+        ):
+            raise HarnessProtocolError("park acknowledgement correlation mismatch")
+        after = await self._receive(self._link._ack_timeout, "stream closure after park acknowledgement")
+        if after is not None:
+            raise HarnessProtocolError(
+                f"expected stream closure after park acknowledgement, got {_kind_name(after.kind)}"
+            )
+
+    async def _send(self, frame: harness_pb2.ControllerFrame) -> None:
+        frame.session = self._start.session
+        frame.execution_id = self._start.execution_id
+        call = self._call
+        assert call is not None
+        async with self._write_lock:
+            try:
+                await call.write(frame)
+            except grpc.aio.AioRpcError as exc:
+                raise _stream_error(exc, self._link.address) from exc
+            except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+                # The stream already finished; its status says why.
+                code = await call.code()
+                details = await call.details()
+                raise _status_error(code, details, self._link.address) from exc
+
+    async def _receive(self, bound: float | None, what: str) -> common_pb2.Event | None:
+        call = self._call
+        assert call is not None
+        try:
+            async with asyncio.timeout(bound):
+                message = await call.read()
+        except TimeoutError:
+            raise HarnessUnavailableError(
+                f"harness at {self._link.address} sent no {what} within {bound} s",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ) from None
+        except grpc.aio.AioRpcError as exc:
+            raise _stream_error(exc, self._link.address) from exc
+        if message is grpc.aio.EOF:
+            return None
+        assert isinstance(message, common_pb2.Event)
+        return message
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return common_pb2.EventKind.Name(kind)  # type: ignore[arg-type]
+    except ValueError:
+        return f"EventKind({kind})"
+
+
+def _stream_error(exc: grpc.aio.AioRpcError, address: str) -> HarnessLinkError:
+    return _status_error(exc.code(), exc.details() or "", address)
+
+
+def _status_error(code: grpc.StatusCode, details: str, address: str) -> HarnessLinkError:
+    message = f"harness at {address} ended the stream with {code.name}: {details}"
+    if code in _UNAVAILABLE:
+        return HarnessUnavailableError(message, code)
+    return HarnessFailedError(message, code)

@@ -1,0 +1,103 @@
+"""The ``agentsessions-harness`` command: serve any harness over ``Harness.Connect``.
+
+    agentsessions-harness serve my_package.agent:MyHarness --listen 127.0.0.1:50061
+
+The target is ``module:attribute``; a class or zero-argument factory is called, an object with
+``describe`` and ``run`` is served as is. Once bound, one line ``listening on ADDRESS`` goes to
+stdout (so ``--listen 127.0.0.1:0`` reports the port it picked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from agentsessions.sdk.harness import Harness
+from agentsessions.sdk.server import run_server
+
+
+class TargetError(Exception):
+    """The serve target cannot be loaded as a harness."""
+
+
+def load_harness(target: str) -> Harness:
+    """Import ``module:attribute`` and turn it into a harness object."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise TargetError(f"target {target!r} must be module:attribute, e.g. mypkg.agent:MyHarness")
+    try:
+        obj: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"cannot import {module_name!r}: {exc}") from exc
+    for name in attribute.split("."):
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            raise TargetError(f"{module_name!r} has no attribute {attribute!r}") from None
+    # A class passes the protocol check through its methods, so build it first.
+    if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Harness)):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise TargetError(f"{target} could not be constructed without arguments: {exc}") from exc
+    if not isinstance(obj, Harness):
+        raise TargetError(f"{target} is not a harness (it needs async describe() and run(start, sink))")
+    return obj
+
+
+def _announce(address: str) -> None:
+    print(f"listening on {address}", flush=True)
+
+
+def _add_listen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        required=True,
+        metavar="ADDR",
+        help="host:port (port 0 picks a free one) or unix:path",
+    )
+    parser.add_argument("--grace", type=float, default=5.0, help="seconds to finish streams on shutdown")
+
+
+def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
+    """A ``__main__`` for one harness: ``python -m mypkg.agent --listen ADDR``."""
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a harness over Harness.Connect.")
+    _add_listen(parser)
+    args = parser.parse_args(argv)
+    return _serve(harness, args.listen, args.grace)
+
+
+def _serve(harness: Harness, address: str, grace: float) -> int:
+    try:
+        run_server(harness, address, grace=grace, on_ready=_announce)
+    except OSError as exc:
+        print(f"agentsessions-harness: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentsessions-harness", description="Serve harnesses for agentsessions.v1."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve one harness over Harness.Connect")
+    serve.add_argument("target", help="module:attribute naming the harness class, factory or object")
+    _add_listen(serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        harness = load_harness(args.target)
+    except TargetError as exc:
+        print(f"agentsessions-harness: {exc}", file=sys.stderr)
+        return 1
+    return _serve(harness, args.listen, args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
