@@ -1,7 +1,8 @@
 """Structured host logs: one line per event, as ``key=value`` text or as JSON objects, on stderr.
 
 Structured values travel in ``extra=fields(...)``. Every line written while an RPC is served carries
-that RPC's request id. Payloads never go in a log line: callers pass names, codes and counts only.
+that RPC's request id (stamped on the record when it is made, by a record factory installed on import).
+Payloads never go in a log line: callers pass names, codes and counts only.
 """
 
 from __future__ import annotations
@@ -9,12 +10,31 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from agentsessions.host import requestid
 
 _FIELDS = "agentsessions_fields"
+_REQUEST_ID = "agentsessions_request_id"
+
+
+def _stamp_request_id(factory: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    """Wrap the record factory so each record keeps the request id current when it was made."""
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        setattr(record, _REQUEST_ID, requestid.current())
+        return record
+
+    setattr(make, _REQUEST_ID, True)
+    return make
+
+
+# Installed on import, once, so records made under any handler (test capture included) carry the id.
+if not getattr(logging.getLogRecordFactory(), _REQUEST_ID, False):
+    logging.setLogRecordFactory(_stamp_request_id(logging.getLogRecordFactory()))
 
 
 def fields(**values: Any) -> dict[str, Any]:
@@ -40,7 +60,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 def _structured(record: logging.LogRecord) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    request_id = requestid.current()
+    request_id = getattr(record, _REQUEST_ID, "")
     extra = getattr(record, _FIELDS, None)
     if isinstance(extra, dict):
         values.update(extra)

@@ -1,0 +1,179 @@
+"""HostConfig: flags, AGENTSESSIONS_* variables, defaults, and the startup rules they must satisfy."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from agentsessions.host.config import ConfigError, HostConfig, add_arguments
+
+
+def resolve(argv: list[str], environ: dict[str, str] | None = None) -> HostConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return HostConfig.from_sources(parser.parse_args(argv), environ or {})
+
+
+def test_defaults() -> None:
+    config = resolve([])
+    assert config.listen == "127.0.0.1:50051"
+    assert (config.journal, config.journal_kind) == ("agentsessions.db", "sqlite")
+    assert config.project == "default"
+    assert (config.log_level, config.log_format) == ("info", "text")
+    assert config.harnesses == []
+    assert config.registry_addr is None
+    assert config.model == ""
+    assert config.model_base_url == "https://api.openai.com/v1"
+    assert config.model_path == "/chat/completions"
+    assert config.model_auth_header == "Authorization"
+
+
+def test_environment_fills_what_flags_leave_out_and_flags_win() -> None:
+    environ = {
+        "AGENTSESSIONS_LISTEN": "127.0.0.1:7000",
+        "AGENTSESSIONS_PROJECT": "from-env",
+        "AGENTSESSIONS_LOG_FORMAT": "json",
+        "AGENTSESSIONS_DRAIN_GRACE": "2.5",
+        "AGENTSESSIONS_HARNESS": "alpha=127.0.0.1:9001, beta=unix:/tmp/b.sock",
+        "AGENTSESSIONS_MODEL": "gpt-env",
+    }
+    config = resolve(["--project", "from-flag"], environ)
+    assert config.listen == "127.0.0.1:7000"
+    assert config.project == "from-flag"
+    assert config.log_format == "json"
+    assert config.drain_grace_seconds == 2.5
+    assert config.harnesses == [("alpha", "127.0.0.1:9001"), ("beta", "unix:/tmp/b.sock")]
+    assert config.model == "gpt-env"
+
+    # Any --harness flag replaces the environment's list rather than adding to it.
+    flagged = resolve(["--harness", "gamma=localhost:9003"], environ)
+    assert flagged.harnesses == [("gamma", "localhost:9003")]
+
+
+def test_the_model_key_comes_from_the_environment_and_never_shows_in_repr() -> None:
+    config = resolve([], {"OPENAI_API_KEY": "sk-fallback", "MODEL_API_KEY": "sk-preferred"})
+    assert config.model_api_key == "sk-preferred"
+    assert "sk-preferred" not in repr(config)
+    assert resolve([], {"OPENAI_API_KEY": "sk-fallback"}).model_api_key == "sk-fallback"
+
+
+@pytest.mark.parametrize(
+    ("location", "kind"),
+    [
+        ("memory:", "memory"),
+        ("agentsessions.db", "sqlite"),
+        ("/var/lib/agentsessions/journal.db", "sqlite"),
+        ("postgres://u@localhost/db", "postgres"),
+        ("postgresql://u@localhost:5432/db", "postgres"),
+    ],
+)
+def test_journal_locations(location: str, kind: str) -> None:
+    assert HostConfig(journal=location).journal_kind == kind
+
+
+@pytest.mark.parametrize("location", ["", "mysql://localhost/db", "redis:"])
+def test_unknown_journal_locations_are_refused(location: str) -> None:
+    with pytest.raises(ConfigError, match="--journal"):
+        HostConfig(journal=location)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "localhost:9000",
+        "127.0.0.1:9000",
+        "[::1]:9000",
+        "harness.svc.cluster.local:443",
+        "dns:///harness.example:9000",
+        "dns://8.8.8.8/harness.example:9000",
+        "dns://resolver.local:53/harness.example:9000",
+        "unix:harness.sock",
+        "unix:/run/harness.sock",
+        "unix:///run/harness.sock",
+    ],
+)
+def test_accepted_harness_addresses(address: str) -> None:
+    assert HostConfig(harnesses=[("mine", address)]).harnesses == [("mine", address)]
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "",
+        "localhost",
+        "localhost:",
+        "localhost:0",
+        "localhost:70000",
+        "localhost:http",
+        "::1:9000",
+        "dns:harness:9000",
+        "dns:///harness",
+        "dns://resolver",
+        "unix:",
+        "unix://relative.sock",
+        "http://harness:9000",
+        "bad_host:9000",
+    ],
+)
+def test_refused_harness_addresses(address: str) -> None:
+    with pytest.raises(ConfigError, match="--harness mine"):
+        HostConfig(harnesses=[("mine", address)])
+
+
+@pytest.mark.parametrize("name", ["echo", "chat", "Upper", "-dash", "dash-", "a" * 64, "under_score", ""])
+def test_refused_harness_names(name: str) -> None:
+    with pytest.raises(ConfigError, match="--harness"):
+        HostConfig(harnesses=[(name, "localhost:9000")])
+
+
+def test_a_harness_name_given_twice_is_refused() -> None:
+    with pytest.raises(ConfigError, match="more than once"):
+        HostConfig(harnesses=[("mine", "localhost:9000"), ("mine", "localhost:9001")])
+
+
+def test_a_harness_entry_without_address_is_refused() -> None:
+    with pytest.raises(ConfigError, match="NAME=ADDRESS"):
+        resolve(["--harness", "mine"])
+
+
+@pytest.mark.parametrize(
+    ("registry", "why"),
+    [
+        ("localhost:9000", "not a literal IP"),
+        ("10.0.0.1:9000", "not a loopback"),
+        ("127.0.0.1:0", "port"),
+        ("127.0.0.1:50051", "must differ"),
+    ],
+)
+def test_registry_address_rules(registry: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        HostConfig(registry_addr=registry)
+
+
+def test_registry_address_on_loopback() -> None:
+    assert HostConfig(registry_addr="127.0.0.1:50052").registry_addr == "127.0.0.1:50052"
+    assert HostConfig(registry_addr="[::1]:50052").registry_addr == "[::1]:50052"
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "0.0.0.0:8080", "[::]:50051", "unix:/tmp/host.sock"])
+def test_listen_addresses(listen: str) -> None:
+    assert HostConfig(listen=listen).listen == listen
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--listen", "50051"], "--listen"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--log-format", "xml"], "--log-format"),
+        (["--drain-grace", "soon"], "--drain-grace"),
+        (["--drain-grace", "-1"], "--drain-grace"),
+        (["--project", ""], "--project"),
+        (["--model-path", "chat"], "--model-path"),
+        (["--model", "m", "--model-base-url", "ftp://x"], "--model-base-url"),
+    ],
+)
+def test_refused_values_name_their_flag(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        resolve(argv)

@@ -1,0 +1,92 @@
+"""Log line formats, and the App's release contract."""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import json
+import logging
+
+import pytest
+
+from agentsessions.host import logs, requestid
+from agentsessions.host.app import App, build_app
+from agentsessions.host.config import HostConfig
+from agentsessions.host.service.sessions import SERVICE_NAME
+
+
+def emit(fmt: str, message: str, **values: object) -> str:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter() if fmt == "json" else logs.TextFormatter())
+    logger = logging.getLogger(f"agentsessions.test.{fmt}")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        logger.warning(message, extra=logs.fields(**values))
+    finally:
+        logger.removeHandler(handler)
+    return stream.getvalue()
+
+
+def emit_under(request_id: str, fmt: str, message: str, **values: object) -> str:
+    """Emit as an RPC handler would: in its own context, with its request id bound."""
+
+    def handler_body() -> str:
+        requestid.bind(request_id)
+        return emit(fmt, message, **values)
+
+    return contextvars.copy_context().run(handler_body)
+
+
+def test_json_lines_carry_fields_and_the_current_request_id() -> None:
+    line = emit_under("rid-7", "json", "rpc", method="/a.B/C", code="OK", duration_ms=1.5)
+    assert line.count("\n") == 1
+    decoded = json.loads(line)
+    assert decoded["msg"] == "rpc"
+    assert decoded["level"] == "warning"
+    assert decoded["logger"] == "agentsessions.test.json"
+    assert decoded["ts"].endswith("Z")
+    assert (decoded["method"], decoded["code"], decoded["duration_ms"]) == ("/a.B/C", "OK", 1.5)
+    assert decoded["request_id"] == "rid-7"
+
+
+def test_text_lines_quote_values_that_would_split() -> None:
+    line = emit(
+        "text", "serving", listen="127.0.0.1:1", note='two words "quoted"', names=["a", "b"], empty=""
+    )
+    assert line.rstrip("\n").split(" ", 3)[1:3] == ["WARNING", "agentsessions.test.text"]
+    assert " serving listen=127.0.0.1:1 " in line
+    assert 'note="two words \\"quoted\\""' in line
+    assert " names=a,b " in line
+    assert 'empty=""' in line
+    assert "request_id" not in line
+
+
+async def test_close_runs_every_release_step_last_first_and_reports_failures() -> None:
+    order: list[str] = []
+    app = App(services=[])
+
+    async def release(name: str, fail: bool = False) -> None:
+        order.append(name)
+        if fail:
+            raise RuntimeError(name)
+
+    app.on_close(lambda: release("store"))
+    app.on_close(lambda: release("links", fail=True))
+    app.on_close(lambda: release("models"))
+    with pytest.raises(RuntimeError, match="links"):
+        await app.close()
+    assert order == ["models", "links", "store"]
+    await app.close()
+    assert order == ["models", "links", "store"]
+
+
+async def test_build_app_serves_sessions_and_no_admin_services() -> None:
+    app = await build_app(HostConfig(journal="memory:"))
+    try:
+        assert [service.name for service in app.services] == [SERVICE_NAME]
+        assert SERVICE_NAME == "agentsessions.v1.Sessions"
+        assert app.admin_services == []
+    finally:
+        await app.close()
