@@ -272,9 +272,7 @@ class StreamSink:
     def _check_envelope_session(self, frame: harness_pb2.ControllerFrame, what: str) -> None:
         if frame.session != self._session:
             raise self._fail(
-                CorrelationError(
-                    f"{what} frame session mismatch: got {frame.session!r}, want {self._session!r}"
-                )
+                CorrelationError(f"{what} session mismatch: got {frame.session!r}, want {self._session!r}")
             )
 
     def _park(self, ref: common_pb2.ApprovalRef, call: common_pb2.ToolCall) -> SinkError:
@@ -400,6 +398,8 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
             if not run.done():
                 run.cancel()
             await asyncio.wait({pump, run}, timeout=self._cancel_grace)
+            if run.done() and not run.cancelled():
+                run.exception()  # the stream is gone; nobody else will look at how the run ended
 
     async def _finish(
         self,
