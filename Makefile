@@ -17,8 +17,10 @@ $(STAMP): requirements-dev.txt sdk/pyproject.toml host/pyproject.toml harnesses/
 
 setup: $(STAMP)
 
+# Serves on 127.0.0.1:50051 with a SQLite journal in ./agentsessions.db; Ctrl-C drains and stops.
+# Extra flags: make run RUN_ARGS="--listen 127.0.0.1:6000 --log-format json"
 run: $(STAMP)
-	$(VENV)/bin/agentsessions serve
+	$(VENV)/bin/agentsessions serve $(RUN_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m agentsessions.client.demo

@@ -74,18 +74,7 @@ async def serve(config: HostConfig) -> int:
             listeners = _listeners(config, app)
             for listener in listeners:
                 await listener.start()
-            log.info(
-                "serving",
-                extra=logs.fields(
-                    listen=listeners[0].bound,
-                    registry=listeners[1].bound if len(listeners) > 1 else "",
-                    journal=config.journal_kind,
-                    project=config.project,
-                    harnesses=[name for name, _ in config.harnesses],
-                    services=[service.name for service in app.services],
-                    pid=os.getpid(),
-                ),
-            )
+            log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
             await signals.first.wait()
             log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
             await _drain(listeners, config.drain_grace_seconds, signals.second)
@@ -95,6 +84,22 @@ async def serve(config: HostConfig) -> int:
             await app.close()
     log.info("stopped")
     return 0
+
+
+def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener]) -> dict[str, Any]:
+    facts: dict[str, Any] = {"listen": listeners[0].bound}
+    if len(listeners) > 1:
+        facts["registry"] = listeners[1].bound
+    facts["journal"] = config.journal_kind
+    if config.journal_kind == "sqlite":
+        # A postgres URL may carry a password, so only a file path is logged.
+        facts["journal_path"] = config.journal
+    facts["project"] = config.project
+    facts["services"] = [service.name for service in app.services]
+    facts["harnesses"] = [name for name, _ in config.harnesses]
+    facts["model"] = config.model or "echo (built in)"
+    facts["pid"] = os.getpid()
+    return facts
 
 
 def _listeners(config: HostConfig, app: App) -> list[_Listener]:
