@@ -1,0 +1,578 @@
+"""The host side of Harness.Connect (``RemoteHarness``) against raw harness peers.
+
+Each peer is a hand-written ``agentsessions.v1.Harness`` servicer that plays a script of Events
+and records every ControllerFrame it receives; the host side is bridged to a small recording
+sink standing in for the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import pytest
+
+from agentsessions.host.harnesslink import (
+    HarnessFailedError,
+    HarnessProtocolError,
+    HarnessUnavailableError,
+    HostSinkError,
+    RemoteHarness,
+    harness_target,
+)
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.harness import Start, message_text, text_message
+from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+
+SESSION = "sess-1"
+EXECUTION = "fedcba9876543210"
+K = common_pb2.EventKind
+Code = common_pb2.ToolResult
+
+
+class Peer:
+    """The harness end of one Connect stream, as a script sees it."""
+
+    def __init__(self, frames: AsyncIterator[harness_pb2.ControllerFrame]) -> None:
+        self._frames = frames
+        self.received: list[harness_pb2.ControllerFrame] = []
+
+    async def recv(self) -> harness_pb2.ControllerFrame | None:
+        async with asyncio.timeout(10):
+            frame = await anext(self._frames, None)
+        if frame is not None:
+            self.received.append(frame)
+        return frame
+
+
+PeerScript = Callable[[Peer], AsyncIterator[common_pb2.Event]]
+
+
+class RawHarness(harness_pb2_grpc.HarnessServicer):
+    def __init__(self, script: PeerScript) -> None:
+        self.script = script
+        self.peers: list[Peer] = []
+        self.describe_gate = asyncio.Event()
+        self.block_describe = False
+
+    async def Describe(
+        self, request: harness_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> harness_pb2.HarnessDescriptor:
+        if self.block_describe:
+            await self.describe_gate.wait()
+        return harness_pb2.HarnessDescriptor(id="raw", version="3")
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[harness_pb2.ControllerFrame], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.Event]:
+        peer = Peer(aiter(request_iterator))
+        self.peers.append(peer)
+        async for event in self.script(peer):
+            yield event
+
+
+@contextlib.asynccontextmanager
+async def linked(raw: RawHarness, **options: float) -> AsyncIterator[RemoteHarness]:
+    server = grpc.aio.server()
+    harness_pb2_grpc.add_HarnessServicer_to_server(raw, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    remote = RemoteHarness(f"127.0.0.1:{port}", **options)
+    try:
+        yield remote
+    finally:
+        await remote.close()
+        await server.stop(None)
+
+
+class RecordingSink:
+    """A stand-in for the controller's sink: records calls, answers from fixed replies."""
+
+    def __init__(
+        self,
+        *,
+        tool_result: common_pb2.ToolResult | None = None,
+        park: common_pb2.ApprovalRef | None = None,
+    ) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.tool_result = tool_result or common_pb2.ToolResult()
+        self.park = park
+        self.parked: ApprovalParkedError | None = None
+        self.output_seen = asyncio.Event()
+
+    async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
+        self.calls.append(("model", call))
+        reply = "echo:" + (message_text(call.messages[-1]) if call.messages else "")
+        usage = common_pb2.Usage(model="echo", input_tokens=1, output_tokens=2)
+        return harness_pb2.ModelResult(message=text_message("assistant", reply), usage=usage)
+
+    async def output(self, text: str) -> None:
+        self.calls.append(("output", text))
+        self.output_seen.set()
+
+    async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
+        self.calls.append(("tool_call", call))
+        if self.park is not None:
+            self.parked = ApprovalParkedError(self.park)
+            raise self.parked
+        return self.tool_result
+
+    async def report(self, result: common_pb2.ToolResult) -> None:
+        self.calls.append(("report", result))
+
+    async def usage(self, usage: common_pb2.Usage) -> None:
+        self.calls.append(("usage", usage))
+
+
+class DecidingSink(RecordingSink):
+    """A sink that also tells the bridge the recorded decision (with its reason)."""
+
+    def __init__(self, decision: common_pb2.ApprovalResult, receipt: common_pb2.ToolResult) -> None:
+        super().__init__(tool_result=receipt)
+        self.decision = decision
+
+    def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None:
+        return self.decision if tool_call_id == self.decision.tool_call_id else None
+
+
+def start(*inputs: str, session: str = SESSION) -> Start:
+    return Start(
+        session=session,
+        execution_id=EXECUTION,
+        inputs=[text_message("user", text) for text in inputs],
+        config=b'{"k": 1}',
+        resume_from_seq=4,
+        history=[common_pb2.Event(kind=K.EVENT_INPUT, message=text_message("user", "before"))],
+    )
+
+
+def event(kind: common_pb2.EventKind.ValueType, **body: object) -> common_pb2.Event:
+    return common_pb2.Event(execution_id=EXECUTION, kind=kind, **body)  # type: ignore[arg-type]
+
+
+def end(state: str = "COMPLETED", description: str = "") -> common_pb2.Event:
+    finish = common_pb2.HarnessEnd(state=state)
+    if description:
+        finish.error.description = description
+    return event(K.EVENT_END, end=finish)
+
+
+def assert_stamped(peer: Peer) -> None:
+    for frame in peer.received:
+        assert (frame.session, frame.execution_id) == (SESSION, EXECUTION), frame
+
+
+async def test_echo_turn_is_bridged_to_the_sink() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        first = await peer.recv()
+        assert first is not None and first.WhichOneof("frame") == "start"
+        yield event(
+            K.EVENT_MODEL_CALL,
+            model=common_pb2.ModelCall(model="echo", id="abc123", messages=list(first.start.inputs)),
+        )
+        reply = await peer.recv()
+        assert reply is not None and reply.WhichOneof("frame") == "model"
+        yield event(K.EVENT_OUTPUT, message=text_message("assistant", "and more"))
+        yield event(K.EVENT_USAGE, usage=common_pb2.Usage(model="echo", output_tokens=9))
+        yield end()
+
+    raw = RawHarness(script)
+    sink = RecordingSink()
+    async with linked(raw) as remote:
+        await remote.run(start("hi"), sink)
+    peer = raw.peers[0]
+    assert_stamped(peer)
+    first, reply = peer.received
+    assert list(first.start.inputs) == [text_message("user", "hi")]
+    assert first.start.config == b'{"k": 1}' and first.start.resume_from_seq == 4
+    assert [e.message for e in first.start.history] == [text_message("user", "before")]
+    assert reply.model.model_call_id == "abc123"
+    assert reply.model.message == text_message("assistant", "echo:hi")
+    assert [name for name, _ in sink.calls] == ["model", "output", "usage"]
+    assert sink.calls[1] == ("output", "and more")
+
+
+async def test_describe_returns_the_descriptor() -> None:
+    async with linked(RawHarness(_nothing)) as remote:
+        descriptor = await remote.describe()
+    assert (descriptor.id, descriptor.version) == ("raw", "3")
+
+
+async def _nothing(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+    await peer.recv()
+    return
+    yield  # an async generator that emits nothing
+
+
+async def test_describe_of_an_unreachable_harness_is_unavailable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    remote = RemoteHarness(f"127.0.0.1:{port}")
+    try:
+        with pytest.raises(HarnessUnavailableError) as failure:
+            await remote.describe()
+        assert failure.value.code == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(HarnessUnavailableError):
+            await remote.run(start("hi"), RecordingSink())
+    finally:
+        await remote.close()
+
+
+async def test_describe_is_bounded() -> None:
+    raw = RawHarness(_nothing)
+    raw.block_describe = True
+    async with linked(raw, describe_timeout=0.05) as remote:
+        with pytest.raises(HarnessUnavailableError) as failure:
+            await remote.describe()
+        raw.describe_gate.set()
+    assert failure.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize(
+    "kind", [K.EVENT_APPROVAL_REQUEST, K.EVENT_APPROVAL_RESULT, K.EVENT_EXECUTION_START, K.EVENT_PARKED]
+)
+async def test_host_owned_control_events_are_refused(kind: common_pb2.EventKind.ValueType) -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(kind)
+        yield end()
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script)) as remote:
+        with pytest.raises(HarnessProtocolError) as failure:
+            await remote.run(start("hi"), sink)
+    assert str(failure.value) == f"harness emitted host-owned control event {K.Name(kind)}"
+    assert sink.calls == []
+
+
+async def test_event_for_another_execution_is_refused() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield common_pb2.Event(
+            execution_id="someone-else", kind=K.EVENT_OUTPUT, message=text_message("a", "x")
+        )
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script)) as remote:
+        with pytest.raises(HarnessProtocolError, match="event execution_id mismatch"):
+            await remote.run(start("hi"), sink)
+    assert sink.calls == []
+
+
+async def test_transport_only_kinds_are_ignored() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        for kind in (K.EVENT_INPUT, K.EVENT_ERROR, K.EVENT_LIFECYCLE, K.EVENT_KIND_UNSPECIFIED):
+            yield event(kind)
+        yield end()
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script)) as remote:
+        await remote.run(start("hi"), sink)
+    assert sink.calls == []
+
+
+async def test_eof_without_end_counts_as_completed() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_OUTPUT, message=text_message("assistant", "done"))
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script)) as remote:
+        await remote.run(start("hi"), sink)
+    assert sink.calls == [("output", "done")]
+
+
+async def test_end_failed_raises_with_the_description() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield end("FAILED", "the model refused")
+
+    async with linked(RawHarness(script)) as remote:
+        with pytest.raises(HarnessFailedError, match="the model refused") as failure:
+            await remote.run(start("hi"), RecordingSink())
+    assert "ended FAILED" in str(failure.value)
+
+
+async def test_stream_error_keeps_the_status() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        raise RuntimeError("harness crashed")
+        yield  # an async generator
+
+    async with linked(RawHarness(script)) as remote:
+        with pytest.raises(HarnessFailedError) as failure:
+            await remote.run(start("hi"), RecordingSink())
+    assert failure.value.code == grpc.StatusCode.UNKNOWN
+
+
+async def test_mediated_tool_result_answers_the_call_id() -> None:
+    call = common_pb2.ToolCall(
+        id="t-1", tool="lookup", mediation=common_pb2.MEDIATION_CONTROLLER_MEDIATED, idempotency_key="k"
+    )
+
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_TOOL_CALL, tool=call)
+        await peer.recv()
+        yield end()
+
+    raw = RawHarness(script)
+    sink = RecordingSink(tool_result=common_pb2.ToolResult(id="executor-chose-this", is_error=False))
+    async with linked(raw) as remote:
+        await remote.run(start(), sink)
+    reply = raw.peers[0].received[1]
+    assert reply.WhichOneof("frame") == "tool" and reply.tool.id == "t-1"
+    assert sink.calls == [("tool_call", call)]
+    assert_stamped(raw.peers[0])
+
+
+async def test_harness_report_of_a_host_owned_receipt_is_refused() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_TOOL_RESULT, result=common_pb2.ToolResult(id="t-1", code=Code.APPROVAL_DENIED))
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script)) as remote:
+        with pytest.raises(HarnessProtocolError, match="host-owned approval receipt"):
+            await remote.run(start(), sink)
+    assert sink.calls == []
+
+
+APPROVAL_CALL = common_pb2.ToolCall(
+    id="c-1", tool="deploy", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL, idempotency_key="k-1"
+)
+REF = common_pb2.ApprovalRef(execution_id=EXECUTION, tool_call_id="c-1", request_seq=11)
+
+
+def approval_script(*after_park: common_pb2.Event | None) -> PeerScript:
+    """Emit the approval call, expect a park, then send ``after_park`` (None: close)."""
+
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_TOOL_CALL, tool=APPROVAL_CALL)
+        frame = await peer.recv()
+        assert frame is not None and frame.WhichOneof("frame") == "park"
+        for item in after_park:
+            if item is None:
+                return
+            yield item
+
+    return script
+
+
+async def test_park_requires_acknowledgement_then_closure_and_reraises() -> None:
+    raw = RawHarness(approval_script(event(K.EVENT_PARKED, parked=REF)))
+    sink = RecordingSink(park=REF)
+    async with linked(raw) as remote:
+        with pytest.raises(ApprovalParkedError) as parked:
+            await remote.run(start(), sink)
+    assert parked.value is sink.parked
+    park = raw.peers[0].received[1]
+    assert park.park == REF
+    assert_stamped(raw.peers[0])
+
+
+@pytest.mark.parametrize(
+    ("after_park", "message"),
+    [
+        ((end(),), "park acknowledgement correlation mismatch"),
+        ((event(K.EVENT_PARKED),), "park acknowledgement correlation mismatch"),
+        (
+            (
+                event(
+                    K.EVENT_PARKED, parked=common_pb2.ApprovalRef(execution_id=EXECUTION, tool_call_id="c-1")
+                ),
+            ),
+            "park acknowledgement correlation mismatch",
+        ),
+        ((None,), "park acknowledgement correlation mismatch"),
+        (
+            (event(K.EVENT_PARKED, parked=REF), end()),
+            "expected stream closure after park acknowledgement, got EVENT_END",
+        ),
+        (
+            (event(K.EVENT_PARKED, parked=REF), event(K.EVENT_OUTPUT, message=text_message("a", "late"))),
+            "expected stream closure after park acknowledgement, got EVENT_OUTPUT",
+        ),
+    ],
+    ids=["end-instead", "bare-ack", "wrong-ref", "eof-instead", "extra-end", "late-effect"],
+)
+async def test_park_handoff_failures(after_park: tuple[common_pb2.Event | None, ...], message: str) -> None:
+    sink = RecordingSink(park=REF)
+    async with linked(RawHarness(approval_script(*after_park))) as remote:
+        with pytest.raises(HarnessProtocolError) as failure:
+            await remote.run(start(), sink)
+    assert str(failure.value) == message
+
+
+async def test_stalled_park_acknowledgement_is_bounded() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_TOOL_CALL, tool=APPROVAL_CALL)
+        await peer.recv()
+        await peer.recv()  # blocks until the host gives up and cancels the stream
+
+    async with linked(RawHarness(script), ack_timeout=0.05) as remote:
+        with pytest.raises(HarnessUnavailableError, match="park acknowledgement"):
+            await remote.run(start(), RecordingSink(park=REF))
+
+
+async def test_approval_without_session_is_refused_before_the_host_sink() -> None:
+    sink = RecordingSink(park=REF)
+    async with linked(RawHarness(approval_script())) as remote:
+        with pytest.raises(HarnessProtocolError, match="approval requires session and call id"):
+            await remote.run(start(session=""), sink)
+    assert sink.calls == []
+
+
+def receipt(code: common_pb2.ToolResult.Code.ValueType, is_error: bool) -> common_pb2.ToolResult:
+    return common_pb2.ToolResult(
+        id="c-1", code=code, is_error=is_error, approval_request_seq=11, approval_decision_seq=12
+    )
+
+
+def receipt_script(peer_frames: list[harness_pb2.ControllerFrame]) -> PeerScript:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_TOOL_CALL, tool=APPROVAL_CALL)
+        for _ in range(2):
+            frame = await peer.recv()
+            assert frame is not None
+            peer_frames.append(frame)
+        yield end()
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("approved", "code", "is_error"),
+    [
+        (True, Code.CODE_UNSPECIFIED, False),
+        (True, Code.EXECUTOR_ERROR, True),
+        (False, Code.APPROVAL_DENIED, True),
+    ],
+    ids=["success", "executor-error", "denied"],
+)
+async def test_decided_approval_sends_decision_then_receipt(
+    approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
+) -> None:
+    frames: list[harness_pb2.ControllerFrame] = []
+    decision = common_pb2.ApprovalResult(
+        tool_call_id="c-1", approved=approved, reason="ops said so", request_seq=11
+    )
+    raw = RawHarness(receipt_script(frames))
+    async with linked(raw) as remote:
+        await remote.run(start(), DecidingSink(decision, receipt(code, is_error)))
+    approval, tool = frames
+    assert approval.WhichOneof("frame") == "approval" and approval.approval == decision
+    assert tool.WhichOneof("frame") == "tool" and tool.tool == receipt(code, is_error)
+    assert_stamped(raw.peers[0])
+
+
+async def test_decision_is_derived_from_the_receipt_when_the_sink_has_none() -> None:
+    frames: list[harness_pb2.ControllerFrame] = []
+    async with linked(RawHarness(receipt_script(frames))) as remote:
+        await remote.run(start(), RecordingSink(tool_result=receipt(Code.APPROVAL_DENIED, True)))
+    assert frames[0].approval == common_pb2.ApprovalResult(tool_call_id="c-1", approved=False, request_seq=11)
+
+
+@pytest.mark.parametrize(
+    "sink",
+    [
+        RecordingSink(tool_result=common_pb2.ToolResult(id="c-1")),
+        DecidingSink(
+            common_pb2.ApprovalResult(tool_call_id="c-1", approved=True, request_seq=11),
+            receipt(Code.APPROVAL_DENIED, True),
+        ),
+    ],
+    ids=["no-receipt", "conflicting-receipt"],
+)
+async def test_inconsistent_host_receipts_are_not_sent(sink: RecordingSink) -> None:
+    frames: list[harness_pb2.ControllerFrame] = []
+    raw = RawHarness(receipt_script(frames))
+    async with linked(raw) as remote:
+        with pytest.raises(HostSinkError):
+            await remote.run(start(), sink)
+    assert [f.WhichOneof("frame") for f in raw.peers[0].received] == ["start"]
+
+
+async def test_cancel_sends_the_cancel_frame_and_honours_canceled() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_OUTPUT, message=text_message("assistant", "working"))
+        frame = await peer.recv()
+        assert frame is not None and frame.WhichOneof("frame") == "cancel"
+        yield end("CANCELED", frame.cancel.reason)
+
+    raw = RawHarness(script)
+    sink = RecordingSink()
+    async with linked(raw) as remote:
+        running = asyncio.create_task(remote.run(start(), sink))
+        async with asyncio.timeout(10):
+            await sink.output_seen.wait()
+        assert await remote.cancel(EXECUTION, "user pressed stop")
+        with pytest.raises(ExecutionCancelledError, match="user pressed stop"):
+            await running
+    cancel = raw.peers[0].received[1]
+    assert cancel.cancel.reason == "user pressed stop"
+    assert_stamped(raw.peers[0])
+
+
+async def test_cancel_cuts_a_harness_that_ignores_it() -> None:
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield event(K.EVENT_OUTPUT, message=text_message("assistant", "working"))
+        await peer.recv()  # the cancel frame, ignored
+        await peer.recv()  # blocks until the stream is cut
+
+    sink = RecordingSink()
+    async with linked(RawHarness(script), cancel_grace=0.05) as remote:
+        running = asyncio.create_task(remote.run(start(), sink))
+        async with asyncio.timeout(10):
+            await sink.output_seen.wait()
+        assert await remote.cancel(EXECUTION, "stop")
+        with pytest.raises(ExecutionCancelledError):
+            await running
+        assert not await remote.cancel(EXECUTION, "again")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1:50061",
+        "localhost:1",
+        "[::1]:8080",
+        "dns:///h.example:443",
+        "dns://8.8.8.8/h:1",
+        "unix:sock",
+        "unix:///tmp/h.sock",
+    ],
+)
+def test_accepted_addresses(address: str) -> None:
+    assert harness_target(address) == address
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "",
+        "host",
+        "host:",
+        "host:0",
+        "host:70000",
+        "http://h:1",
+        "dns:h:1",
+        "dns:///h",
+        "unix:",
+        "unix://rel",
+        "::1:80",
+    ],
+)
+def test_rejected_addresses(address: str) -> None:
+    with pytest.raises(ValueError, match="harness address"):
+        harness_target(address)
