@@ -21,6 +21,7 @@ from typing import IO, Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from agentsessions.v1 import session_pb2
 
@@ -338,3 +339,87 @@ def test_signal_drains_to_not_serving_and_exits_zero(
     log = host.log_text()
     assert "draining" in log
     assert "stopped" in log
+
+
+REFLECTION_INFO = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+
+
+class OpenReflectionStream:
+    """A long-lived call: a reflection stream that stays open until the test ends its requests."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._requests: queue.Queue[reflection_pb2.ServerReflectionRequest | None] = queue.Queue()
+        call = channel.stream_stream(
+            REFLECTION_INFO,
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        self.responses: Any = call(self._feed(), timeout=CALL_TIMEOUT)
+
+    def _feed(self) -> Iterator[reflection_pb2.ServerReflectionRequest]:
+        while (request := self._requests.get(timeout=CALL_TIMEOUT)) is not None:
+            yield request
+
+    def list_services(self) -> set[str]:
+        self._requests.put(reflection_pb2.ServerReflectionRequest(list_services=""))
+        reply = next(self.responses)
+        return {service.name for service in reply.list_services_response.service}
+
+    def finish(self) -> None:
+        self._requests.put(None)
+
+
+def wait_for_log(host: Host, text: str) -> None:
+    """Bounded: poll the host's log until ``text`` shows up."""
+    for _ in range(int(CALL_TIMEOUT * 20)):
+        if text in host.log_text():
+            return
+        if host.process.poll() is not None:
+            break
+        threading.Event().wait(0.05)
+    pytest.fail(f"{text!r} never appeared in the host log:\n{host.log_text()}")
+
+
+def test_drain_keeps_serving_an_in_flight_call_until_it_finishes(tmp_path: Path) -> None:
+    host = start_host(tmp_path, args=["--drain-grace", "600"])
+    try:
+        with grpc.insecure_channel(host.address) as channel:
+            stream = OpenReflectionStream(channel)
+            try:
+                assert "agentsessions.v1.Sessions" in stream.list_services()
+                host.process.send_signal(signal.SIGTERM)
+                wait_for_log(host, "draining")
+                # Draining: the open call is still answered...
+                assert "grpc.health.v1.Health" in stream.list_services()
+            finally:
+                stream.finish()
+            # ...and ends cleanly when the client ends it, which lets the host exit well inside the grace.
+            assert list(stream.responses) == []
+        assert host.process.wait(timeout=CALL_TIMEOUT) == 0
+    finally:
+        if host.process.poll() is None:
+            host.process.kill()
+            host.process.wait(timeout=CALL_TIMEOUT)
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    host = start_host(tmp_path, args=["--drain-grace", "600"])
+    try:
+        with grpc.insecure_channel(host.address) as channel:
+            stream = OpenReflectionStream(channel)
+            try:
+                stream.list_services()
+                host.process.send_signal(signal.SIGTERM)
+                wait_for_log(host, "draining")
+                host.process.send_signal(signal.SIGTERM)
+                # Without the cut the host would wait the full 600 s grace for this call.
+                assert host.process.wait(timeout=CALL_TIMEOUT) == 0
+                with pytest.raises(grpc.RpcError):
+                    list(stream.responses)
+            finally:
+                stream.finish()
+        assert "drain cut short" in host.log_text()
+    finally:
+        if host.process.poll() is None:
+            host.process.kill()
+            host.process.wait(timeout=CALL_TIMEOUT)
