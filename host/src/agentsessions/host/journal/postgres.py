@@ -10,8 +10,6 @@ process are grouped: one transaction per flush carries every queued append, so o
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import dataclasses
 import json
@@ -23,15 +21,18 @@ from typing import Any, Final, cast
 
 import asyncpg
 
-from agentsessions.host.journal import canon
+from agentsessions.host.journal import (
+    clamp_page_size,
+    decode_page_token,
+    encode_page_token,
+    project_compute_state,
+)
+from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
 from agentsessions.host.journal.store import (
-    COMPUTE_COLD,
-    COMPUTE_LIVE,
     COMPUTE_NONE,
     ConflictError,
     FencedError,
     Head,
-    InvalidPageTokenError,
     SchemaError,
     SessionExistsError,
     SessionNotFoundError,
@@ -42,17 +43,14 @@ from agentsessions.host.journal.store import (
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = [
+    "MIGRATIONS",
     "SCHEMA_VERSION",
     "PostgresStore",
     "PostgresURLError",
-    "decode_page_token",
-    "encode_page_token",
     "redact_url",
     "validate_postgres_url",
 ]
 
-DEFAULT_PAGE_SIZE: Final = 50
-MAX_PAGE_SIZE: Final = 500
 # Two flushes in flight: one commits while the next batch forms.
 DEFAULT_FLUSHERS: Final = 2
 DEFAULT_MAX_BATCH: Final = 512
@@ -192,42 +190,6 @@ def validate_postgres_url(url: str) -> str:
     return url
 
 
-def encode_page_token(create_time_ns: int, uid: str) -> str:
-    """The reference's opaque ListSessions cursor: raw-URL base64 of "<nanos>\\x00<uid>"."""
-    raw = f"{create_time_ns}\x00{uid}".encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def decode_page_token(token: str) -> tuple[int, str]:
-    """(create_time_ns, uid) of a cursor made by encode_page_token; InvalidPageTokenError otherwise."""
-    bad = InvalidPageTokenError(f"page_token {token!r} is not a cursor this server issued")
-    if not token or len(token) % 4 == 1 or any(c in "=+/" for c in token):
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        text = raw.decode("utf-8")
-    except (binascii.Error, ValueError):
-        raise bad from None
-    nanos, sep, uid = text.partition("\x00")
-    if not sep or not uid or not nanos or not nanos.lstrip("-").isdigit():
-        raise bad
-    return int(nanos), uid
-
-
-def project_compute_state(current: str, event: common_pb2.Event) -> str:
-    """The compute_state after ``event`` (spec 1.1 GetSession: the append-time projection)."""
-    if event.kind == common_pb2.EVENT_LIFECYCLE:
-        kind = event.lifecycle.kind
-        if kind in (common_pb2.Lifecycle.LIFECYCLE_SUSPEND, common_pb2.Lifecycle.LIFECYCLE_FORK):
-            return COMPUTE_COLD
-        if kind == common_pb2.Lifecycle.LIFECYCLE_RESUME:
-            return COMPUTE_LIVE
-        return current
-    if event.kind in (common_pb2.EVENT_APPROVAL_REQUEST, common_pb2.EVENT_APPROVAL_RESULT):
-        return current
-    return COMPUTE_LIVE
-
-
 def _now_ns() -> int:
     return time.time_ns()
 
@@ -255,6 +217,7 @@ def _driver_errors(what: str) -> Iterator[None]:
 class _PendingAppend:
     uid: str
     payloads: list[bytes]
+    canonical: list[bytes]
     events: list[common_pb2.Event]
     expected_head: int
     fence: int
@@ -324,8 +287,12 @@ class PostgresStore:
         pool_size: int = 10,
         flushers: int = DEFAULT_FLUSHERS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        migrate: bool = True,
     ) -> PostgresStore:
-        """Connect, apply pending migrations (refusing a newer schema) and return the store."""
+        """Connect, apply pending migrations (refusing a newer schema) and return the store.
+
+        With ``migrate=False`` nothing is created or upgraded: a database without a journal, or
+        with an older one, is refused (for read-only tooling such as ``journal verify``)."""
         validate_postgres_url(url)
         shown = redact_url(url)
         try:
@@ -351,7 +318,7 @@ class PostgresStore:
         store = cls(pool, url, flushers=flushers, max_batch=max_batch)
         try:
             async with pool.acquire() as conn:
-                await _migrate(conn, shown)
+                await _migrate(conn, shown, apply=migrate)
         except BaseException:
             await pool.close()
             raise
@@ -399,7 +366,9 @@ class PostgresStore:
                 )
             except asyncpg.UniqueViolationError:
                 raise SessionExistsError(f"session {row.uid} already exists") from None
-        return _replace_row(row, create_time_ns=created, update_time_ns=updated, last_seq=0)
+        return dataclasses.replace(
+            row, create_time_ns=created, update_time_ns=updated, compute_state=COMPUTE_NONE, last_seq=0
+        )
 
     async def get_session(self, uid: str) -> SessionRow | None:
         async with self._conn("get session") as conn:
@@ -411,7 +380,7 @@ class PostgresStore:
     async def list_sessions(
         self, project: str, page_size: int, page_token: str
     ) -> tuple[list[SessionRow], str]:
-        size = DEFAULT_PAGE_SIZE if page_size <= 0 else min(page_size, MAX_PAGE_SIZE)
+        size = clamp_page_size(page_size)
         async with self._conn("list sessions") as conn:
             if page_token:
                 after_ns, after_uid = decode_page_token(page_token)
@@ -458,6 +427,7 @@ class PostgresStore:
             if rec is None:
                 raise SessionNotFoundError(f"session {uid} not found")
             if purge:
+                await conn.execute("UPDATE sessions SET last_seq = 0, last_hash = '' WHERE uid = $1", uid)
                 await conn.execute("DELETE FROM events WHERE session = $1", uid)
                 await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
         return _row_from_record(rec)
@@ -488,14 +458,16 @@ class PostgresStore:
     ) -> list[common_pb2.LogRecord]:
         if self._closed:
             raise StoreError("append: store is closed")
-        loop = asyncio.get_running_loop()
+        normalized = [normalize_event(e) for e in events]
+        # Serialization and the canonical form need no lock: done here, only chaining is batched.
         pending = _PendingAppend(
             uid=uid,
-            payloads=[e.SerializeToString(deterministic=True) for e in events],
-            events=list(events),
+            payloads=[e.SerializeToString(deterministic=True) for e in normalized],
+            canonical=[canonical_event(e) for e in normalized],
+            events=normalized,
             expected_head=expected_head,
             fence=fence,
-            future=loop.create_future(),
+            future=asyncio.get_running_loop().create_future(),
         )
         self._queue.append(pending)
         self._maybe_start_flush()
@@ -591,9 +563,11 @@ class PostgresStore:
                     )
                     continue
                 records: list[common_pb2.LogRecord] = []
-                for event, payload in zip(pending.events, pending.payloads, strict=True):
+                for event, payload, canonical in zip(
+                    pending.events, pending.payloads, pending.canonical, strict=True
+                ):
                     seq = state.last_seq + 1
-                    digest = canon.content_hash(event, state.last_hash, seq)
+                    digest = chain_hash(canonical, state.last_hash, seq)
                     record = common_pb2.LogRecord(
                         seq=seq,
                         prev_hash=state.last_hash,
@@ -690,7 +664,7 @@ class PostgresStore:
                     event = common_pb2.Event.FromString(r["event"])
                 except Exception:
                     raise TamperedError(uid, seq, "stored event does not decode") from None
-                if canon.content_hash(event, prev, seq) != r["hash"]:
+                if content_hash(event, prev, seq) != r["hash"]:
                     raise TamperedError(uid, seq, "content_hash does not match the recomputed hash")
                 prev = r["hash"]
         if head is not None and (int(head["last_seq"]), str(head["last_hash"])) != (checked, prev):
@@ -716,6 +690,7 @@ class PostgresStore:
         if len(set(uids)) != len(uids):
             raise SessionExistsError("fork children must have distinct uids")
         now = _now_ns()
+        marker = normalize_event(marker)
         marker_payload = marker.SerializeToString(deterministic=True)
         async with self._conn("fork") as conn, conn.transaction():
             # FOR SHARE keeps the parent's head still while its prefix is copied.
@@ -736,38 +711,44 @@ class PostgresStore:
                     )
                 )
             marker_seq = at_seq + 1
-            digest = canon.content_hash(marker, prev, marker_seq)
+            digest = chain_hash(canonical_event(marker), prev, marker_seq)
             marker_state = project_compute_state(COMPUTE_NONE, marker)
-            stored: list[SessionRow] = []
-            for child in children:
-                created = child.create_time_ns or now
-                try:
-                    await conn.execute(
-                        """
-                        INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
-                            origin, identity, parent_uid, fork_seq, created_at, updated_at,
-                            compute_state, last_seq, last_hash)
-                        VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13,
-                            $14, $15, $16)
-                        """,
-                        *_row_params(child),
-                        created,
-                        now,
-                        marker_state,
-                        marker_seq,
-                        digest,
-                    )
-                except asyncpg.UniqueViolationError:
-                    raise SessionExistsError(f"session {child.uid} already exists") from None
-                stored.append(
-                    _replace_row(
-                        child,
-                        create_time_ns=created,
-                        update_time_ns=now,
-                        compute_state=marker_state,
-                        last_seq=marker_seq,
-                    )
+            taken = await conn.fetchval("SELECT uid FROM sessions WHERE uid = ANY($1::text[]) LIMIT 1", uids)
+            if taken is not None:
+                raise SessionExistsError(f"session {taken} already exists")
+            stored = [
+                dataclasses.replace(
+                    child,
+                    parent_uid=parent_uid,
+                    fork_seq=at_seq,
+                    create_time_ns=child.create_time_ns or now,
+                    update_time_ns=now,
+                    compute_state=marker_state,
+                    last_seq=marker_seq,
                 )
+                for child in children
+            ]
+            columns = list(zip(*(_row_params(r) for r in stored), strict=True))
+            try:
+                await conn.execute(
+                    """
+                    INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
+                        origin, identity, parent_uid, fork_seq, created_at, updated_at,
+                        compute_state, last_seq, last_hash)
+                    SELECT u.*, $13, $14, $15, $16 FROM unnest(
+                        $1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
+                        $7::jsonb[], $8::bytea[], $9::bytea[], $10::text[], $11::bigint[], $12::bigint[]
+                    ) AS u
+                    """,
+                    *(list(c) for c in columns),
+                    [r.create_time_ns for r in stored],
+                    now,
+                    marker_state,
+                    marker_seq,
+                    digest,
+                )
+            except asyncpg.UniqueViolationError:
+                raise SessionExistsError("a fork child uid was taken concurrently") from None
             if at_seq > 0:
                 await conn.execute(
                     """
@@ -900,7 +881,7 @@ class PostgresStore:
                     [r.fence for r in records],
                     [r.event.SerializeToString(deterministic=True) for r in records],
                 )
-        return _replace_row(
+        return dataclasses.replace(
             row, create_time_ns=created, update_time_ns=now, compute_state=state, last_seq=len(records)
         )
 
@@ -921,8 +902,9 @@ def _settle(pending: _PendingAppend, outcome: list[common_pb2.LogRecord] | BaseE
         pending.future.set_result(outcome)
 
 
-async def _migrate(conn: Any, shown: str) -> None:
-    """Apply missing migrations in one transaction under an advisory lock."""
+async def _migrate(conn: Any, shown: str, *, apply: bool) -> None:
+    """Apply missing migrations in one transaction under an advisory lock (or, without
+    ``apply``, only check that none are missing)."""
     what = f"migrate PostgreSQL journal {shown}"
     with _driver_errors(what):
         async with conn.transaction():
@@ -943,6 +925,10 @@ async def _migrate(conn: Any, shown: str) -> None:
                     raise SchemaError(
                         f"{shown} is not an agentsessions journal: it has table(s) {', '.join(clash)} "
                         f"but no {_MIGRATIONS_TABLE}"
+                    )
+                if not apply:
+                    raise SchemaError(
+                        f"{shown} holds no agentsessions journal (no {_MIGRATIONS_TABLE} table)"
                     )
                 await conn.execute(
                     f"""
@@ -980,6 +966,11 @@ async def _migrate(conn: Any, shown: str) -> None:
                             f"is {known!r}, expected {migration.name!r}"
                         )
                     continue
+                if not apply:
+                    raise SchemaError(
+                        f"{shown} is at journal schema version {newest}; version {migration.version} "
+                        "is missing (open it with the host once to upgrade it)"
+                    )
                 for statement in migration.statements:
                     await conn.execute(statement)
                 await conn.execute(
@@ -1034,10 +1025,6 @@ def _row_from_record(rec: Any) -> SessionRow:
         compute_state=str(rec["compute_state"]),
         last_seq=int(rec["last_seq"]),
     )
-
-
-def _replace_row(row: SessionRow, **changes: Any) -> SessionRow:
-    return dataclasses.replace(row, **changes)
 
 
 def _log_record(rec: Any) -> common_pb2.LogRecord:
