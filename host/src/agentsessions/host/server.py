@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from grpc import aio
@@ -64,9 +64,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-async def serve(config: HostConfig) -> int:
-    """Serve until SIGTERM or SIGINT, then drain; returns the process exit code."""
-    signals = _Signals()
+async def serve(
+    config: HostConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    on_serving: Callable[[Sequence[str]], None] | None = None,
+) -> int:
+    """Serve until SIGTERM or SIGINT (or ``stop`` is set), then drain; returns the process exit code.
+
+    ``on_serving`` receives the bound listen addresses (Sessions first) once every listener is up.
+    """
+    signals = _Signals(stop or asyncio.Event())
     with signals.installed():
         app = await build_app(config)
         listeners: list[_Listener] = []
@@ -75,6 +83,8 @@ async def serve(config: HostConfig) -> int:
             for listener in listeners:
                 await listener.start()
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
+            if on_serving is not None:
+                on_serving([listener.bound for listener in listeners])
             await signals.first.wait()
             log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
             await _drain(listeners, config.drain_grace_seconds, signals.second)
@@ -170,8 +180,8 @@ class _Listener:
 class _Signals:
     """SIGTERM/SIGINT as events: the first starts the drain, the second cuts it short."""
 
-    def __init__(self) -> None:
-        self.first = asyncio.Event()
+    def __init__(self, first: asyncio.Event) -> None:
+        self.first = first
         self.second = asyncio.Event()
 
     def _received(self, signum: int) -> None:
