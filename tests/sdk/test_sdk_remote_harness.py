@@ -295,7 +295,8 @@ async def test_end_failed_raises_with_the_description() -> None:
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessFailedError, match="the model refused") as failure:
             await remote.run(start("hi"), RecordingSink())
-    assert "ended FAILED" in str(failure.value)
+    assert str(failure.value) == "remote harness ended FAILED: the model refused"
+    assert failure.value.description == "the model refused"
 
 
 async def test_stream_error_keeps_the_status() -> None:

@@ -77,11 +77,15 @@ class HarnessUnavailableError(HarnessLinkError):
 
 
 class HarnessFailedError(HarnessLinkError):
-    """The harness ended the execution FAILED (or the stream with an error status)."""
+    """The harness ended the execution FAILED (or the stream with an error status).
 
-    def __init__(self, description: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(description)
-        self.description = description
+    ``description`` is what the harness said (its END error description, or the status
+    details); ``code`` is the gRPC status when the stream itself failed.
+    """
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None, *, description: str = "") -> None:
+        super().__init__(message)
+        self.description = description or message
         self.code = code
 
 
@@ -343,7 +347,8 @@ class _Bridge:
         if end.state == "CANCELED" and self._cancel_reason is not None:
             raise ExecutionCancelledError(self._cancelled_message(description))
         raise HarnessFailedError(
-            f"remote harness ended {end.state or 'without a state'}: {description or 'no description'}"
+            f"remote harness ended {end.state or 'without a state'}: {description or 'no description'}",
+            description=description,
         )
 
     async def _tool_call(self, call: common_pb2.ToolCall) -> None:
@@ -419,7 +424,13 @@ class _Bridge:
         assert call is not None
         async with self._write_lock:
             try:
-                await call.write(frame)
+                async with asyncio.timeout(self._link._event_timeout):
+                    await call.write(frame)
+            except TimeoutError:
+                raise HarnessUnavailableError(
+                    f"harness at {self._link.address} accepted no frame within {self._link._event_timeout} s",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ) from None
             except grpc.aio.AioRpcError as exc:
                 raise _stream_error(exc, self._link.address) from exc
             except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
@@ -462,4 +473,4 @@ def _status_error(code: grpc.StatusCode, details: str, address: str) -> HarnessL
     message = f"harness at {address} ended the stream with {code.name}: {details}"
     if code in _UNAVAILABLE:
         return HarnessUnavailableError(message, code)
-    return HarnessFailedError(message, code)
+    return HarnessFailedError(message, code, description=details)
