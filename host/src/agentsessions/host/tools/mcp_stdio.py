@@ -78,7 +78,9 @@ class McpExecutor:
         self._failure = None
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._serve(ready), name=f"mcp-server-{self.name}")
-        await asyncio.wait({ready, self._task}, timeout=self._start_timeout_s)
+        await asyncio.wait(
+            {ready, self._task}, timeout=self._start_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         failure: BaseException | None = None
         if ready.done() and not ready.cancelled():
             failure = ready.exception()
