@@ -1,0 +1,373 @@
+"""In-process journal store: the reference behaviour of the store seam, kept in dicts.
+
+Nothing is durable beyond the process. Each operation runs without awaiting in between, so on
+one event loop every append is atomic and appends are totally ordered. Events are kept as their
+serialized bytes, as the database stores keep them, so ``verify`` recomputes from what is stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentsessions.host.journal import (
+    clamp_page_size,
+    decode_page_token,
+    encode_page_token,
+    project_compute_state,
+)
+from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
+from agentsessions.host.journal.store import (
+    COMPUTE_NONE,
+    ConflictError,
+    FencedError,
+    Head,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionRow,
+    StoreError,
+    TamperedError,
+)
+from agentsessions.v1 import common_pb2, harness_registry_pb2
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Record:
+    seq: int
+    prev_hash: str
+    hash: str
+    fence: int
+    event: bytes  # binary agentsessions.v1.Event, as stored
+
+
+@dataclass
+class _Session:
+    row: SessionRow  # last_seq and compute_state in here are not maintained; see below
+    fence: int = 0
+    compute_state: str = COMPUTE_NONE
+    deleted: bool = False
+
+
+@dataclass
+class _Journal:
+    records: list[_Record] = field(default_factory=list)
+
+
+def _own_row(row: SessionRow) -> SessionRow:
+    """A copy whose protobuf members are not shared with the caller."""
+    origin = None
+    if row.origin is not None:
+        origin = common_pb2.Origin()
+        origin.CopyFrom(row.origin)
+    identity = None
+    if row.identity is not None:
+        identity = common_pb2.IdentityRef()
+        identity.CopyFrom(row.identity)
+    return dataclasses.replace(
+        row, labels=dict(row.labels), annotations=dict(row.annotations), origin=origin, identity=identity
+    )
+
+
+def _log_record(rec: _Record) -> common_pb2.LogRecord:
+    out = common_pb2.LogRecord(seq=rec.seq, prev_hash=rec.prev_hash, content_hash=rec.hash, fence=rec.fence)
+    out.event.ParseFromString(rec.event)
+    return out
+
+
+class MemoryStore:
+    """JournalStore kept in process memory."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._journals: dict[str, _Journal] = {}
+        self._harnesses: dict[str, bytes] = {}
+        self._receipts: dict[tuple[str, str], bytes] = {}
+        self._closed = False
+
+    # -- session rows ----------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise StoreError(f"{what}: store is closed")
+
+    def _records(self, uid: str) -> list[_Record]:
+        journal = self._journals.get(uid)
+        return journal.records if journal is not None else []
+
+    def _public_row(self, uid: str, session: _Session) -> SessionRow:
+        return _own_row(
+            dataclasses.replace(
+                session.row, compute_state=session.compute_state, last_seq=len(self._records(uid))
+            )
+        )
+
+    def _live(self, uid: str) -> _Session:
+        session = self._sessions.get(uid)
+        if session is None or session.deleted:
+            raise SessionNotFoundError(f"session {uid} not found")
+        return session
+
+    async def create_session(self, row: SessionRow) -> SessionRow:
+        self._check_open("create session")
+        if row.uid in self._sessions:
+            raise SessionExistsError(f"session {row.uid} already exists")
+        created = row.create_time_ns or time.time_ns()
+        stored = dataclasses.replace(
+            row,
+            create_time_ns=created,
+            update_time_ns=row.update_time_ns or created,
+            compute_state=COMPUTE_NONE,
+            last_seq=0,
+        )
+        self._sessions[row.uid] = _Session(row=_own_row(stored))
+        return self._public_row(row.uid, self._sessions[row.uid])
+
+    async def get_session(self, uid: str) -> SessionRow | None:
+        self._check_open("get session")
+        session = self._sessions.get(uid)
+        if session is None or session.deleted:
+            return None
+        return self._public_row(uid, session)
+
+    async def list_sessions(
+        self, project: str, page_size: int, page_token: str
+    ) -> tuple[list[SessionRow], str]:
+        self._check_open("list sessions")
+        size = clamp_page_size(page_size)
+        after = decode_page_token(page_token) if page_token else None
+        keyed = sorted(
+            (-s.row.create_time_ns, uid)
+            for uid, s in self._sessions.items()
+            if not s.deleted and s.row.project == project
+        )
+        if after is not None:
+            cursor = (-after[0], after[1])
+            keyed = [k for k in keyed if k > cursor]
+        page = keyed[: size + 1]
+        rows = [self._public_row(uid, self._sessions[uid]) for _, uid in page[:size]]
+        token = ""
+        if len(page) > size:
+            token = encode_page_token(rows[-1].create_time_ns, rows[-1].uid)
+        return rows, token
+
+    async def delete_session(self, uid: str, *, purge: bool) -> SessionRow:
+        self._check_open("delete session")
+        session = self._live(uid)
+        session.row = dataclasses.replace(session.row, update_time_ns=time.time_ns())
+        deleted = self._public_row(uid, session)
+        session.deleted = True
+        if purge:
+            self._journals.pop(uid, None)
+            for key in [k for k in self._receipts if k[0] == uid]:
+                del self._receipts[key]
+        return deleted
+
+    async def new_fence(self, uid: str) -> int:
+        self._check_open("new fence")
+        session = self._sessions.get(uid)
+        if session is None:
+            now = time.time_ns()
+            session = _Session(row=SessionRow(uid=uid, project="", create_time_ns=now, update_time_ns=now))
+            self._sessions[uid] = session
+        session.fence += 1
+        return session.fence
+
+    # -- journal ---------------------------------------------------------------------------
+
+    async def append(
+        self,
+        uid: str,
+        events: Sequence[common_pb2.Event],
+        *,
+        expected_head: int,
+        fence: int,
+    ) -> list[common_pb2.LogRecord]:
+        self._check_open("append")
+        normalized = [normalize_event(ev) for ev in events]
+        session = self._live(uid)
+        journal = self._journals.setdefault(uid, _Journal())
+        head = len(journal.records)
+        if expected_head != head:
+            raise ConflictError(
+                f"expected_last_seq {expected_head} does not match head {head} of session {uid}"
+            )
+        if fence < session.fence:
+            raise FencedError(f"fence {fence} is superseded by fence {session.fence} of session {uid}")
+        prev = journal.records[-1].hash if journal.records else ""
+        out: list[common_pb2.LogRecord] = []
+        state = session.compute_state
+        for seq, ev in enumerate(normalized, start=head + 1):
+            digest = chain_hash(canonical_event(ev), prev, seq)
+            journal.records.append(_Record(seq, prev, digest, fence, ev.SerializeToString()))
+            out.append(
+                common_pb2.LogRecord(seq=seq, prev_hash=prev, content_hash=digest, fence=fence, event=ev)
+            )
+            state = project_compute_state(state, ev)
+            prev = digest
+        if out:
+            session.compute_state = state
+            session.row = dataclasses.replace(session.row, update_time_ns=time.time_ns())
+        return out
+
+    async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
+        self._check_open("read")
+        start = max(1, from_seq)
+        return [_log_record(r) for r in self._records(uid)[start - 1 :] if to_seq <= 0 or r.seq <= to_seq]
+
+    async def head(self, uid: str) -> Head:
+        self._check_open("head")
+        records = self._records(uid)
+        if not records:
+            return Head(seq=0, hash="")
+        return Head(seq=records[-1].seq, hash=records[-1].hash)
+
+    async def verify(self, uid: str) -> int:
+        self._check_open("verify")
+        prev = ""
+        for expected, rec in enumerate(self._records(uid), start=1):
+            if rec.seq != expected:
+                raise TamperedError(
+                    uid, expected, f"seq {expected} is missing (next stored seq is {rec.seq})"
+                )
+            if rec.prev_hash != prev:
+                raise TamperedError(uid, rec.seq, "prev_hash does not link to the previous record")
+            try:
+                ev = common_pb2.Event.FromString(rec.event)
+            except Exception:
+                raise TamperedError(uid, rec.seq, "stored event does not decode") from None
+            if content_hash(ev, prev, rec.seq) != rec.hash:
+                raise TamperedError(uid, rec.seq, "content_hash does not match the recomputed hash")
+            prev = rec.hash
+        return len(self._records(uid))
+
+    async def fork(
+        self,
+        parent_uid: str,
+        at_seq: int,
+        children: Sequence[SessionRow],
+        marker: common_pb2.Event,
+    ) -> list[SessionRow]:
+        self._check_open("fork")
+        if not children:
+            return []
+        self._live(parent_uid)
+        records = self._records(parent_uid)
+        if at_seq < 0 or at_seq > len(records):
+            raise ConflictError(f"fork at_seq {at_seq} is beyond head {len(records)} of session {parent_uid}")
+        uids = [c.uid for c in children]
+        if len(set(uids)) != len(uids):
+            raise SessionExistsError("fork children must have distinct uids")
+        for uid in uids:
+            if uid in self._sessions:
+                raise SessionExistsError(f"session {uid} already exists")
+        marker = normalize_event(marker)
+        prev = records[at_seq - 1].hash if at_seq > 0 else ""
+        marker_seq = at_seq + 1
+        marker_record = _Record(
+            marker_seq,
+            prev,
+            chain_hash(canonical_event(marker), prev, marker_seq),
+            0,
+            marker.SerializeToString(),
+        )
+        state = project_compute_state(COMPUTE_NONE, marker)
+        now = time.time_ns()
+        stored: list[SessionRow] = []
+        for child in children:
+            row = dataclasses.replace(
+                child,
+                parent_uid=parent_uid,
+                fork_seq=at_seq,
+                create_time_ns=child.create_time_ns or now,
+                update_time_ns=now,
+            )
+            self._sessions[child.uid] = _Session(row=_own_row(row), compute_state=state)
+            copied = [dataclasses.replace(r) for r in records[:at_seq]]
+            copied.append(dataclasses.replace(marker_record))
+            self._journals[child.uid] = _Journal(records=copied)
+            stored.append(self._public_row(child.uid, self._sessions[child.uid]))
+        return stored
+
+    async def import_records(self, row: SessionRow, records: Sequence[common_pb2.LogRecord]) -> SessionRow:
+        """Create ``row`` holding ``records`` verbatim (stored hashes and fences), atomically.
+
+        The records must run from seq 1 and link; their hashes are not recomputed (``verify`` does)."""
+        self._check_open("import")
+        prev = ""
+        for i, rec in enumerate(records, start=1):
+            if rec.seq != i or rec.prev_hash != prev:
+                raise TamperedError(row.uid, rec.seq, "records to import do not form a chain from seq 1")
+            prev = rec.content_hash
+        if row.uid in self._sessions:
+            raise SessionExistsError(f"session {row.uid} already exists")
+        state = COMPUTE_NONE
+        for rec in records:
+            state = project_compute_state(state, rec.event)
+        now = time.time_ns()
+        stored = dataclasses.replace(row, create_time_ns=row.create_time_ns or now, update_time_ns=now)
+        self._sessions[row.uid] = _Session(
+            row=_own_row(stored), fence=max((r.fence for r in records), default=0), compute_state=state
+        )
+        self._journals[row.uid] = _Journal(
+            records=[
+                _Record(r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString())
+                for r in records
+            ]
+        )
+        return self._public_row(row.uid, self._sessions[row.uid])
+
+    def corrupt_record(
+        self, uid: str, seq: int, *, event: bytes | None = None, hash: str | None = None
+    ) -> None:
+        """Test hook: overwrite a stored record's event bytes and/or hash, as an attacker with
+        write access to the storage could."""
+        rec = self._records(uid)[seq - 1]
+        if event is not None:
+            rec.event = event
+        if hash is not None:
+            rec.hash = hash
+
+    def stored_event(self, uid: str, seq: int) -> bytes:
+        """Test hook: the stored bytes of a record's event."""
+        return self._records(uid)[seq - 1].event
+
+    # -- harness registry and tool receipts ------------------------------------------------
+
+    async def put_harness(self, registration: harness_registry_pb2.HarnessRegistration) -> None:
+        self._check_open("put harness")
+        name = registration.metadata.name
+        if not name:
+            raise StoreError("put_harness: registration has no metadata.name")
+        self._harnesses[name] = registration.SerializeToString()
+
+    async def get_harness(self, name: str) -> harness_registry_pb2.HarnessRegistration | None:
+        self._check_open("get harness")
+        blob = self._harnesses.get(name)
+        return None if blob is None else harness_registry_pb2.HarnessRegistration.FromString(blob)
+
+    async def list_harnesses(self) -> list[harness_registry_pb2.HarnessRegistration]:
+        self._check_open("list harnesses")
+        return [
+            harness_registry_pb2.HarnessRegistration.FromString(self._harnesses[n])
+            for n in sorted(self._harnesses)
+        ]
+
+    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> common_pb2.ToolResult | None:
+        self._check_open("get tool receipt")
+        blob = self._receipts.get((uid, idempotency_key))
+        return None if blob is None else common_pb2.ToolResult.FromString(blob)
+
+    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
+        self._check_open("put tool receipt")
+        self._receipts.setdefault((uid, idempotency_key), result.SerializeToString())
+
+    async def session_uids(self) -> list[str]:
+        self._check_open("list session uids")
+        return sorted(set(self._sessions) | {uid for uid, j in self._journals.items() if j.records})
+
+    async def close(self) -> None:
+        self._closed = True

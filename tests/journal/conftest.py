@@ -1,0 +1,154 @@
+"""Journal store fixtures: one conformance suite, run against every backend.
+
+To add a backend, add an entry to ``BACKENDS`` (how to name its database for one test, how to
+damage a stored record, whether separate opens share data) and a param to ``STORE_PARAMS``
+(mark it to skip where the backend is unavailable). ``store_factory()`` opens a store through
+``open_store``, so the URL dispatch is exercised too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, cast
+
+import aiosqlite
+import pytest
+
+from agentsessions.host.journal import JournalStore, open_store
+from agentsessions.host.journal.memory import MemoryStore
+from agentsessions.host.journal.sqlite import SqliteStore
+
+
+class Corrupter(Protocol):
+    """Overwrite a stored record the way someone with write access to the storage could:
+    ``event`` maps the stored event bytes to new bytes, ``hash`` replaces the stored hash."""
+
+    def __call__(
+        self,
+        store: JournalStore,
+        uid: str,
+        seq: int,
+        *,
+        event: Callable[[bytes], bytes] | None = None,
+        hash: str | None = None,
+    ) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How the conformance suite uses one kind of store."""
+
+    # The open_store target for one test's database (may request other fixtures).
+    target: Callable[[pytest.FixtureRequest, Path], str]
+    corrupt: Corrupter
+    # Separate opens of the target see the same data, which survives close and reopen.
+    shared: bool
+
+
+async def _corrupt_memory(
+    store: JournalStore,
+    uid: str,
+    seq: int,
+    *,
+    event: Callable[[bytes], bytes] | None = None,
+    hash: str | None = None,
+) -> None:
+    memory = cast(MemoryStore, store)
+    new_event = event(memory.stored_event(uid, seq)) if event is not None else None
+    memory.corrupt_record(uid, seq, event=new_event, hash=hash)
+
+
+async def _corrupt_sqlite(
+    store: JournalStore,
+    uid: str,
+    seq: int,
+    *,
+    event: Callable[[bytes], bytes] | None = None,
+    hash: str | None = None,
+) -> None:
+    path = cast(SqliteStore, store).path
+    async with aiosqlite.connect(path, isolation_level=None) as db:
+        if event is not None:
+            cursor = await db.execute("SELECT event FROM events WHERE session = ? AND seq = ?", (uid, seq))
+            row = await cursor.fetchone()
+            await cursor.close()
+            assert row is not None, f"no stored record {uid}@{seq}"
+            await db.execute(
+                "UPDATE events SET event = ? WHERE session = ? AND seq = ?", (event(bytes(row[0])), uid, seq)
+            )
+        if hash is not None:
+            await db.execute("UPDATE events SET hash = ? WHERE session = ? AND seq = ?", (hash, uid, seq))
+
+
+BACKENDS: dict[str, Backend] = {
+    "memory": Backend(target=lambda request, tmp: "memory:", corrupt=_corrupt_memory, shared=False),
+    "sqlite": Backend(
+        target=lambda request, tmp: f"sqlite://{tmp / 'journal.db'}", corrupt=_corrupt_sqlite, shared=True
+    ),
+}
+
+STORE_PARAMS = [
+    pytest.param("memory"),
+    pytest.param("sqlite"),
+]
+
+
+class StoreFactory:
+    """Opens stores on one test's database; everything it opened is closed after the test."""
+
+    def __init__(self, name: str, backend: Backend, target: str) -> None:
+        self.name = name
+        self.backend = backend
+        self.target = target
+        self.opened: list[JournalStore] = []
+
+    @property
+    def shared(self) -> bool:
+        return self.backend.shared
+
+    async def __call__(self) -> JournalStore:
+        store = await open_store(self.target)
+        self.opened.append(store)
+        return store
+
+    async def corrupt(
+        self,
+        store: JournalStore,
+        uid: str,
+        seq: int,
+        *,
+        event: Callable[[bytes], bytes] | None = None,
+        hash: str | None = None,
+    ) -> None:
+        await self.backend.corrupt(store, uid, seq, event=event, hash=hash)
+
+
+@pytest.fixture(params=STORE_PARAMS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """The backend under test (one run of every conformance test per STORE_PARAMS entry)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def journal_target(request: pytest.FixtureRequest, backend_name: str, tmp_path: Path) -> str:
+    """The open_store target of this test's database. A sync fixture, so that a backend's target
+    function may call ``request.getfixturevalue`` on async fixtures (a per-test database)."""
+    return BACKENDS[backend_name].target(request, tmp_path)
+
+
+@pytest.fixture
+async def store_factory(backend_name: str, journal_target: str) -> AsyncIterator[StoreFactory]:
+    factory = StoreFactory(backend_name, BACKENDS[backend_name], journal_target)
+    try:
+        yield factory
+    finally:
+        for store in factory.opened:
+            await store.close()
+
+
+@pytest.fixture
+async def store(store_factory: StoreFactory) -> JournalStore:
+    """One store on this test's database."""
+    return await store_factory()
