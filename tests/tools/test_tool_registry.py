@@ -1,8 +1,8 @@
 """ToolRegistry: routing, durable dedup on (session, idempotency key), failure receipts.
 
 The dedup tests run against a dict-backed receipt store implementing only the two receipt
-methods of the JournalStore protocol, and additionally against the journal's own memory store
-when ``agentsessions.host.journal.open_store`` is available.
+methods of the JournalStore protocol, and against the journal's own stores (memory, and SQLite
+closed and reopened between the two host lifetimes).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,6 +155,30 @@ async def test_a_recorded_key_never_reruns_after_a_crash(receipts: ToolReceiptSt
     recovered = ToolRegistry(receipts, [python_tools()])
     again = await recovered.execute(SESSION, tool_call("append_line", {"line": "once"}))
     assert EFFECTS == [("append_line", "once")]
+    assert again == original
+
+
+async def test_a_recorded_key_never_reruns_after_a_sqlite_reopen(tmp_path: Path) -> None:
+    journal = pytest.importorskip("agentsessions.host.journal")
+    open_store = getattr(journal, "open_store", None)
+    if open_store is None:
+        pytest.skip("agentsessions.host.journal.open_store is not available yet")
+    target = f"sqlite://{tmp_path / 'journal.db'}"
+    store = await open_store(target)
+    try:
+        original = await ToolRegistry(store, [python_tools()]).execute(
+            SESSION, tool_call("append_line", {"line": "durable"})
+        )
+    finally:
+        await store.close()
+    reopened = await open_store(target)
+    try:
+        again = await ToolRegistry(reopened, [python_tools()]).execute(
+            SESSION, tool_call("append_line", {"line": "durable"})
+        )
+    finally:
+        await reopened.close()
+    assert EFFECTS == [("append_line", "durable")]
     assert again == original
 
 
