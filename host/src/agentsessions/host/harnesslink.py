@@ -35,7 +35,7 @@ from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 _KIND = common_pb2.EventKind
 
-# Effects the host answers or records; everything the harness may send.
+# Control events only the host originates; a harness sending one is refused.
 _HOST_OWNED = frozenset(
     {
         _KIND.EVENT_APPROVAL_REQUEST,
