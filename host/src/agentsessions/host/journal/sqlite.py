@@ -47,7 +47,7 @@ from agentsessions.host.journal.store import (
 )
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore"]
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore", "WriterStats"]
 
 # Stamped in the database header so a foreign SQLite file is told apart from a journal.
 APPLICATION_ID: Final = 0x4153_4A4C  # "ASJL"
@@ -184,6 +184,17 @@ def _log_record(rec: Sequence[Any]) -> common_pb2.LogRecord:
 # -- queued writes -----------------------------------------------------------------------------
 
 
+@dataclass
+class WriterStats:
+    """What the writer has committed so far: appends and events made durable, and transactions
+    (appends per commit shows how well concurrent appends group)."""
+
+    commits: int = 0
+    appends: int = 0
+    events: int = 0
+    failed_commits: int = 0
+
+
 @dataclass(eq=False)
 class _Append:
     """One append waiting for the writer: the work that needs no lock is already done."""
@@ -247,6 +258,7 @@ class SqliteStore:
         self._wake = asyncio.Event()
         self._closing = False
         self._writer_task: asyncio.Task[None] | None = None
+        self.stats = WriterStats()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -356,9 +368,16 @@ class SqliteStore:
                 _settle(item.future, None, StoreError(f"journal write abandoned: {exc!r}"))
             raise
         if failure is not None:
+            self.stats.failed_commits += 1
             for item in batch:
                 _settle(item.future, None, failure)
             return
+        self.stats.commits += 1
+        refused = {id(future) for future, _, error in outcomes if error is not None}
+        for item in batch:
+            if isinstance(item, _Append) and id(item.future) not in refused:
+                self.stats.appends += 1
+                self.stats.events += len(item.events)
         for future, value, error in outcomes:
             _settle(future, value, error)
 

@@ -1,0 +1,246 @@
+"""SQLite-only behaviour: file format and schema checks, durability settings, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import pytest
+
+from agentsessions.host.journal import SchemaError, SessionRow, StoreError, open_store
+from agentsessions.host.journal.memory import MemoryStore
+from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
+from agentsessions.v1 import common_pb2
+
+
+def inp(text: str) -> common_pb2.Event:
+    ev = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
+    ev.message.role = "user"
+    ev.message.parts.add().text.text = text
+    return ev
+
+
+async def query(path: Path | str, sql: str) -> list[Any]:
+    async with aiosqlite.connect(path) as db:
+        return list(await db.execute_fetchall(sql))
+
+
+async def run_sql(path: Path, *statements: str) -> None:
+    async with aiosqlite.connect(path, isolation_level=None) as db:
+        for statement in statements:
+            await db.execute(statement)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = await SqliteStore.open(tmp_path / "j.db")
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# -- file format ------------------------------------------------------------------------------
+
+
+async def test_events_table_keeps_the_reference_layout(store: SqliteStore) -> None:
+    columns = await query(store.path, "PRAGMA table_info(events)")
+    # (name, declared type, not null, primary key position)
+    assert [(c[1], c[2], c[3], c[5]) for c in columns] == [
+        ("session", "TEXT", 1, 1),
+        ("seq", "INTEGER", 1, 2),
+        ("prev_hash", "TEXT", 1, 0),
+        ("hash", "TEXT", 1, 0),
+        ("fence", "INTEGER", 1, 0),
+        ("event", "BLOB", 1, 0),
+    ]
+
+
+async def test_event_blobs_are_binary_events_readable_by_an_external_verifier(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    written = await store.append("s", [inp("hello")], expected_head=0, fence=3)
+    rows = await query(store.path, "SELECT session, seq, prev_hash, hash, fence, event FROM events")
+    assert len(rows) == 1
+    session, seq, prev, digest, fence, blob = rows[0]
+    assert (session, seq, prev, digest, fence) == ("s", 1, "", written[0].content_hash, 3)
+    assert common_pb2.Event.FromString(blob) == written[0].event
+
+
+async def test_schema_version_and_application_id_are_recorded(store: SqliteStore) -> None:
+    assert await store.schema_version() == SCHEMA_VERSION
+    assert (await query(store.path, "PRAGMA application_id"))[0][0] == APPLICATION_ID
+    assert (await query(store.path, "PRAGMA journal_mode"))[0][0] == "wal"
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    await (await SqliteStore.open(path)).close()
+    await run_sql(path, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaError, match=r"unsupported database schema.*version 2"):
+        await SqliteStore.open(path)
+
+
+async def test_a_file_that_is_not_sqlite_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"these are not the pages you are looking for\n" * 200)
+    with pytest.raises(SchemaError, match="not a readable SQLite database"):
+        await SqliteStore.open(path)
+    assert path.read_bytes().startswith(b"these are not")
+
+
+async def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    await run_sql(path, "CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    with pytest.raises(SchemaError, match=r"not an agentsessions journal.*invoices"):
+        await SqliteStore.open(path)
+    assert (await query(path, "PRAGMA journal_mode"))[0][0] == "delete"
+    await run_sql(path, "PRAGMA application_id = 12345")
+    with pytest.raises(SchemaError, match="application_id"):
+        await SqliteStore.open(path)
+
+
+async def test_a_go_reference_journal_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "go.db"
+    await run_sql(
+        path,
+        "CREATE TABLE sessions (session TEXT PRIMARY KEY, fence INTEGER NOT NULL DEFAULT 0)",
+        "CREATE TABLE events (session TEXT, seq INTEGER, prev_hash TEXT, hash TEXT, fence INTEGER, "
+        "event BLOB)",
+        "PRAGMA user_version = 2",
+    )
+    with pytest.raises(SchemaError, match="Go reference host"):
+        await SqliteStore.open(path)
+
+
+async def test_an_unopenable_path_is_a_schema_error(tmp_path: Path) -> None:
+    with pytest.raises(SchemaError, match="cannot open SQLite journal"):
+        await SqliteStore.open(tmp_path / "missing-dir" / "j.db")
+
+
+async def test_concurrent_first_opens_initialize_once(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    stores = await asyncio.gather(*(SqliteStore.open(path) for _ in range(8)))
+    try:
+        assert [await s.schema_version() for s in stores] == [SCHEMA_VERSION] * 8
+        await stores[0].create_session(SessionRow(uid="s", project="p"))
+        assert await stores[7].get_session("s") is not None
+    finally:
+        for s in stores:
+            await s.close()
+
+
+# -- durability settings ----------------------------------------------------------------------
+
+
+async def _writer_pragma(store: SqliteStore, name: str) -> int:
+    # The writer connection is the one whose commits must be durable.
+    rows = list(await store._w.execute_fetchall(f"PRAGMA {name}"))
+    return int(rows[0][0])
+
+
+async def test_synchronous_is_full_by_default_and_configurable(tmp_path: Path) -> None:
+    full = await SqliteStore.open(tmp_path / "a.db")
+    normal = await SqliteStore.open(tmp_path / "b.db", synchronous="normal", busy_timeout_ms=1234)
+    try:
+        assert await _writer_pragma(full, "synchronous") == 2
+        assert await _writer_pragma(full, "busy_timeout") == 5000
+        assert await _writer_pragma(normal, "synchronous") == 1
+        assert await _writer_pragma(normal, "busy_timeout") == 1234
+    finally:
+        await full.close()
+        await normal.close()
+    with pytest.raises(ValueError, match="synchronous"):
+        await SqliteStore.open(tmp_path / "c.db", synchronous="sometimes")
+
+
+# -- group commit -----------------------------------------------------------------------------
+
+
+async def test_concurrent_appends_share_commits(store: SqliteStore) -> None:
+    uids = [f"s{i}" for i in range(64)]
+    for uid in uids:
+        await store.create_session(SessionRow(uid=uid, project="p"))
+    before = store.stats.commits
+    await asyncio.gather(*(store.append(u, [inp(u), inp(u)], expected_head=0, fence=0) for u in uids))
+    assert store.stats.commits - before < len(uids)
+    assert store.stats.appends == 64 and store.stats.events == 128
+
+
+async def test_a_failed_commit_fails_every_append_of_the_batch(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for uid in ("a", "b", "c"):
+        await store.create_session(SessionRow(uid=uid, project="p"))
+    real = store._w.executemany
+    calls = 0
+
+    async def failing_once(sql: str, params: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        return await real(sql, params)
+
+    monkeypatch.setattr(store._w, "executemany", failing_once)
+    outcomes = await asyncio.gather(
+        *(store.append(u, [inp("x")], expected_head=0, fence=0) for u in ("a", "b", "c")),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        assert isinstance(outcome, StoreError) and "disk I/O error" in str(outcome)
+        assert not isinstance(outcome, sqlite3.Error)
+    assert [(await store.head(u)).seq for u in ("a", "b", "c")] == [0, 0, 0]
+    assert store.stats.failed_commits == 1
+    # The writer survives: the next batch commits.
+    (rec,) = await store.append("a", [inp("y")], expected_head=0, fence=0)
+    assert rec.seq == 1
+
+
+async def test_a_cancelled_caller_does_not_undo_or_stall_the_batch(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    task = asyncio.create_task(store.append("s", [inp("x")], expected_head=0, fence=0))
+    await asyncio.sleep(0)  # its first step queues the append
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Writes commit in queue order: once a later write returns, the abandoned append has landed.
+    await store.new_fence("other")
+    assert (await store.head("s")).seq == 1
+    (rec,) = await store.append("s", [inp("y")], expected_head=1, fence=0)
+    assert rec.seq == 2
+    assert await store.verify("s") == 2
+
+
+async def test_closed_store_refuses_work(tmp_path: Path) -> None:
+    s = await SqliteStore.open(tmp_path / "j.db")
+    await s.close()
+    with pytest.raises(StoreError, match="closed"):
+        await s.create_session(SessionRow(uid="s", project="p"))
+    with pytest.raises(StoreError, match="closed"):
+        await s.get_session("s")
+
+
+# -- open_store -------------------------------------------------------------------------------
+
+
+async def test_open_store_dispatch(tmp_path: Path) -> None:
+    memory = await open_store("memory:")
+    assert isinstance(memory, MemoryStore)
+    path = tmp_path / "j.db"
+    by_url = await open_store(f"sqlite://{path}")
+    try:
+        assert isinstance(by_url, SqliteStore) and by_url.path == str(path)
+        await by_url.create_session(SessionRow(uid="s", project="p"))
+    finally:
+        await by_url.close()
+    by_path = await open_store(str(path), synchronous="NORMAL")
+    try:
+        assert await by_path.get_session("s") is not None
+    finally:
+        await by_path.close()
+    with pytest.raises(TypeError):
+        await open_store("memory:", synchronous="FULL")
