@@ -1,20 +1,299 @@
-"""``agentsessions journal``: journal tooling (placeholder until the journal commands land).
+"""``agentsessions journal``: verify, export and import journals.
 
-It registers the command group so ``agentsessions`` builds its parser; the journal's owner
-replaces this module with the real subcommands.
+A journal is named by ``--journal``: a SQLite file (``path`` or ``sqlite:///path``) or a
+``postgres://`` / ``postgresql://`` URL.
+
+* ``verify`` recomputes every session's hash chain (spec 3.2) from the stored records;
+* ``export`` writes every live session, fully materialized, into a new standalone SQLite file
+  (the ``events`` table in the reference layout, spec 3.5);
+* ``import`` loads a journal the Go reference host dumped as JSON into a new session, records
+  verbatim (stored hashes and fences), after checking every hash.
+
+Exit status: 0 success, 1 a chain does not verify, 2 bad input (nothing was written).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import os
+import secrets
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from agentsessions.host.journal import gojson
+from agentsessions.host.journal.canon import content_hash
+from agentsessions.host.journal.postgres import PostgresStore, redact_url
+from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.host.journal.store import (
+    JournalStore,
+    SessionRow,
+    StoreError,
+    TamperedError,
+)
+from agentsessions.v1 import common_pb2
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_TAMPERED", "add_parser"]
+
+EXIT_OK: Final = 0
+EXIT_TAMPERED: Final = 1
+EXIT_BAD_INPUT: Final = 2
+
+_POSTGRES_SCHEMES: Final = ("postgres://", "postgresql://")
+_SQLITE_SCHEME: Final = "sqlite://"
+# The Go daemon's defaults for sessions it created: an imported v0.1.2 journal ran there.
+_DEFAULT_PROJECT: Final = "default"
+_DEFAULT_HARNESS: Final = "echo"
+
+
+class InputError(Exception):
+    """Bad input the command refuses before writing anything (exit 2)."""
+
+
+class _Importer(Protocol):
+    async def import_records(
+        self, row: SessionRow, records: Sequence[common_pb2.LogRecord]
+    ) -> SessionRow: ...
+
+
+class _VerbatimStore(JournalStore, _Importer, Protocol):
+    """A JournalStore that can also take records verbatim (every backend here can)."""
 
 
 def add_parser(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser("journal", help="journal tooling")
-    parser.set_defaults(func=lambda args: _no_subcommand(parser))
+    """Register ``journal`` and its subcommands on the ``agentsessions`` parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "journal",
+        help="verify, export and import journals",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="journal_command", required=True, metavar="{verify,export,import}")
+    target_help = "SQLite journal file (path or sqlite:///path) or postgres:// URL"
+
+    verify = sub.add_parser("verify", help="recompute every hash chain of a journal")
+    verify.add_argument("--journal", required=True, help=target_help)
+    verify.add_argument("--session", default="", help="verify only this session uid")
+    verify.set_defaults(func=_runner(_verify))
+
+    export = sub.add_parser("export", help="write every session into a new standalone SQLite file")
+    export.add_argument("--journal", required=True, help=target_help)
+    export.add_argument("--out", required=True, help="the SQLite file to create (FILE.db)")
+    export.add_argument("--force", action="store_true", help="replace --out if it exists")
+    export.set_defaults(func=_runner(_export))
+
+    imp = sub.add_parser("import", help="import a Go reference journal dump (JSON) as a new session")
+    imp.add_argument("--journal", required=True, help=target_help + "; a missing SQLite file is created")
+    imp.add_argument("fixture", metavar="FIXTURE.json", help="JSON array of Go eventlog records")
+    imp.add_argument("--session", default="", help="uid of the new session (default: a fresh sess-...)")
+    imp.add_argument("--project", default=_DEFAULT_PROJECT, help="project of the new session")
+    imp.add_argument("--harness", default=_DEFAULT_HARNESS, help="harness of the new session")
+    imp.add_argument("--name", default="", help="display name of the new session")
+    imp.set_defaults(func=_runner(_import))
 
 
-def _no_subcommand(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+def _runner(
+    command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(command(args))
+        except InputError as exc:
+            _error(args, str(exc))
+        except StoreError as exc:
+            _error(args, str(exc))
+        except KeyboardInterrupt:
+            _error(args, "interrupted")
+        return EXIT_BAD_INPUT
+
+    return run
+
+
+def _error(args: argparse.Namespace, message: str) -> None:
+    print(f"agentsessions journal {args.journal_command}: error: {message}", file=sys.stderr)
+
+
+def _shown(target: str) -> str:
+    return redact_url(target) if target.startswith(_POSTGRES_SCHEMES) else target
+
+
+def _sqlite_path(target: str) -> Path:
+    path = target[len(_SQLITE_SCHEME) :] if target.startswith(_SQLITE_SCHEME) else target
+    if not path:
+        raise InputError(f"journal {target!r} names no SQLite file")
+    return Path(path)
+
+
+def _check_existing_file(path: Path, what: str) -> None:
+    """Refuse a path that is not an existing, readable, non-empty file (before opening it)."""
+    if not path.exists():
+        raise InputError(f"{what} {path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{what} {path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{what} {path}: not readable (permission denied)")
+    if path.stat().st_size == 0:
+        raise InputError(f"{what} {path}: empty file, not an agentsessions journal")
+
+
+async def _open(target: str, *, create: bool) -> _VerbatimStore:
+    """Open ``--journal``. Without ``create`` nothing may be created or upgraded."""
+    if target.startswith(_POSTGRES_SCHEMES):
+        return await PostgresStore.open(target, pool_size=4, migrate=create)
+    if target == "memory:":
+        raise InputError("memory: journals vanish with the process; name a SQLite file or a postgres:// URL")
+    path = _sqlite_path(target)
+    if create:
+        if path.exists():
+            _check_existing_file(path, "journal")
+            if not os.access(path, os.W_OK):
+                raise InputError(f"journal {path}: not writable (permission denied)")
+        elif not path.parent.is_dir():
+            raise InputError(f"journal {path}: directory {path.parent} does not exist")
+    else:
+        _check_existing_file(path, "journal")
+    return await SqliteStore.open(path)
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    store = await _open(args.journal, create=False)
+    try:
+        uids = await store.session_uids()
+        if args.session:
+            if args.session not in uids:
+                raise InputError(f"no session {args.session} in {_shown(args.journal)}")
+            uids = [args.session]
+        total = 0
+        failures: list[TamperedError] = []
+        for uid in uids:
+            try:
+                total += await store.verify(uid)
+            except TamperedError as exc:
+                failures.append(exc)
+    finally:
+        await store.close()
+    for failure in failures:
+        print(f"FAILED: session {failure.session} seq {failure.seq}: {failure.why}", file=sys.stderr)
+    if failures:
+        print(
+            f"{len(failures)} of {len(uids)} sessions fail verification in {_shown(args.journal)}",
+            file=sys.stderr,
+        )
+        return EXIT_TAMPERED
+    print(f"ok: {len(uids)} sessions, {total} records verified in {_shown(args.journal)}")
+    return EXIT_OK
+
+
+# -- export -----------------------------------------------------------------------------------
+
+
+def _remove_sqlite_files(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+
+
+def _check_out(out: Path, *, force: bool) -> None:
+    if out.exists() and not force:
+        raise InputError(f"refusing to overwrite {out} (pass --force to replace it)")
+    if out.exists() and not out.is_file():
+        raise InputError(f"--out {out}: not a regular file")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: directory {out.parent} does not exist")
+
+
+async def _export(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    _check_out(out, force=args.force)
+    source = await _open(args.journal, create=False)
+    # Written beside the target and renamed into place, so --out is either the old file or
+    # a complete export, never half of one.
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+    exported = skipped = records_total = 0
+    try:
+        dest = await SqliteStore.open(partial)
+        try:
+            for uid in await source.session_uids():
+                row = await source.get_session(uid)
+                if row is None:  # deleted: not part of the live journal
+                    skipped += 1
+                    continue
+                checked = await source.verify(uid)
+                records = await source.read(uid, 1, checked) if checked else []
+                await dest.import_records(row, records)
+                exported += 1
+                records_total += len(records)
+            for registration in await source.list_harnesses():
+                await dest.put_harness(registration)
+        finally:
+            await dest.close()
+        os.replace(partial, out)
+    except TamperedError as exc:
+        _remove_sqlite_files(partial)
+        print(
+            f"FAILED: session {exc.session} seq {exc.seq}: {exc.why}; nothing exported",
+            file=sys.stderr,
+        )
+        return EXIT_TAMPERED
+    except BaseException:
+        _remove_sqlite_files(partial)
+        raise
+    finally:
+        await source.close()
+    note = f" ({skipped} deleted sessions left out)" if skipped else ""
+    print(f"ok: exported {exported} sessions, {records_total} records to {out}{note}")
+    return EXIT_OK
+
+
+# -- import -----------------------------------------------------------------------------------
+
+
+def _check_chain(fixture: Path, records: Sequence[common_pb2.LogRecord]) -> None:
+    """Every link and hash of a dump, recomputed (spec 3.2); TamperedError names the first bad seq."""
+    prev = ""
+    for expected, rec in enumerate(records, start=1):
+        where = str(fixture)
+        if rec.seq != expected:
+            raise TamperedError(where, expected, f"seq {expected} is missing (found seq {rec.seq})")
+        if rec.prev_hash != prev:
+            raise TamperedError(where, rec.seq, "PrevHash does not link to the previous record")
+        if content_hash(rec.event, prev, rec.seq) != rec.content_hash:
+            raise TamperedError(where, rec.seq, "Hash does not match the recomputed content hash")
+        prev = rec.content_hash
+
+
+async def _import(args: argparse.Namespace) -> int:
+    fixture = Path(args.fixture)
+    _check_existing_file(fixture, "fixture")
+    try:
+        loaded = await asyncio.to_thread(gojson.load_records, fixture)
+    except OSError as exc:
+        raise InputError(f"fixture {fixture}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSON syntax, UTF-8, or not the Go record shape
+        raise InputError(f"fixture {fixture}: not a Go journal dump: {exc}") from None
+    records = gojson.to_log_records(loaded)
+    if not records:
+        raise InputError(f"fixture {fixture}: holds no records")
+    try:
+        _check_chain(fixture, records)
+    except TamperedError as exc:
+        print(
+            f"FAILED: {fixture} record seq {exc.seq}: {exc.why}; nothing imported",
+            file=sys.stderr,
+        )
+        return EXIT_TAMPERED
+    uid = args.session or "sess-" + secrets.token_hex(12)
+    row = SessionRow(uid=uid, project=args.project, name=args.name, harness=args.harness)
+    store = await _open(args.journal, create=True)
+    try:
+        stored = await store.import_records(row, records)
+    finally:
+        await store.close()
+    print(
+        f"ok: imported {stored.last_seq} records from {fixture} into session {uid} ({_shown(args.journal)})"
+    )
+    return EXIT_OK

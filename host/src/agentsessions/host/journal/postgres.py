@@ -269,7 +269,8 @@ class PostgresStore:
 
     def __init__(self, pool: Any, url: str, *, flushers: int, max_batch: int) -> None:
         self._pool = pool
-        self._url = url
+        # The connection URL (may carry a password: show redact_url(url) instead).
+        self.url = url
         self._flushers = max(1, flushers)
         self._max_batch = max(1, max_batch)
         self._queue: list[_PendingAppend] = []
