@@ -3,6 +3,10 @@
 ``server.serve`` asks ``build_app`` for an ``App`` and registers, reflects and health-reports
 ``App.services`` on the Sessions listener and ``App.admin_services`` on the ``--registry-addr``
 listener (not served when that flag is unset). ``App.close`` runs once the server has drained.
+
+The wiring: journal store -> harness catalog (built-in ``echo``/``chat`` in-process, ``--harness``
+entries dialled, registry entries from the store) -> model provider (built-in echo, or the
+OpenAI-compatible provider with ``--model``) -> tool registry -> controller -> servicers.
 """
 
 from __future__ import annotations
@@ -13,9 +17,19 @@ from dataclasses import dataclass, field
 
 from grpc import aio
 
+from agentsessions.harnesses.chat import ChatHarness
+from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.config import HostConfig
-from agentsessions.host.service import sessions
-from agentsessions.v1 import session_pb2_grpc
+from agentsessions.host.controller.controller import Controller
+from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.harnesslink import RemoteHarness
+from agentsessions.host.journal import open_store
+from agentsessions.host.models.echo import EchoModel
+from agentsessions.host.models.openai import OpenAIModel
+from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.service import registry, sessions
+from agentsessions.host.tools.config import tools_config_from_flags
+from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,7 @@ class App:
     admin_services: list[Service] = field(default_factory=list)
     # Run inside the access log, in order (authentication goes here).
     interceptors: list[aio.ServerInterceptor] = field(default_factory=list)
+    controller: Controller | None = None
     _closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
@@ -52,13 +67,71 @@ class App:
             raise ExceptionGroup("closing the app", errors)
 
 
-async def build_app(config: HostConfig) -> App:
-    servicer = sessions.SessionsServicer()
-    return App(
-        services=[
-            Service(
-                sessions.SERVICE_NAME,
-                functools.partial(session_pb2_grpc.add_SessionsServicer_to_server, servicer),
-            )
-        ]
+def build_model(config: HostConfig) -> ModelProvider:
+    """The built-in echo model, or the OpenAI-compatible provider when ``--model`` is set."""
+    if not config.model:
+        return EchoModel()
+    return OpenAIModel(
+        config.model,
+        base_url=config.model_base_url,
+        path=config.model_path,
+        auth_header=config.model_auth_header,
     )
+
+
+async def build_app(config: HostConfig) -> App:
+    app = App(services=[])
+    store = await open_store(config.journal)
+    app.on_close(store.close)
+
+    remotes: list[RemoteHarness] = []
+
+    def dial(address: str) -> RemoteHarness:
+        harness = RemoteHarness(address)
+        remotes.append(harness)
+        return harness
+
+    async def close_remotes() -> None:
+        for harness in remotes:
+            await harness.close()
+
+    app.on_close(close_remotes)
+    static = {
+        "echo": StaticHarness(EchoHarness()),
+        "chat": StaticHarness(ChatHarness()),
+    }
+    for name, address in config.harnesses:
+        static[name] = StaticHarness(dial(address), address)
+    catalog = HarnessCatalog(static, store, dial, default="echo")
+
+    tools = tools_config_from_flags(config.tool_executors, config.mcp_servers, config.tools_files)
+    registry_of_tools = tools.build_registry(store)
+    await registry_of_tools.start()
+    app.on_close(registry_of_tools.stop)
+
+    controller = Controller(
+        store,
+        catalog,
+        build_model(config),
+        registry_of_tools,
+        default_project=config.project,
+        purge_on_delete=config.purge_on_delete,
+    )
+    app.controller = controller
+    sessions_servicer = sessions.SessionsServicer(controller)
+    app.services.append(
+        Service(
+            sessions.SERVICE_NAME,
+            functools.partial(session_pb2_grpc.add_SessionsServicer_to_server, sessions_servicer),
+        )
+    )
+    registry_servicer = registry.HarnessRegistryServicer(catalog)
+    app.admin_services.append(
+        Service(
+            registry.SERVICE_NAME,
+            functools.partial(
+                harness_registry_pb2_grpc.add_HarnessRegistryServicer_to_server, registry_servicer
+            ),
+        )
+    )
+    return app

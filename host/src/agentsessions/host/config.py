@@ -64,6 +64,12 @@ class HostConfig:
     model_path: str = DEFAULT_MODEL_PATH
     model_auth_header: str = DEFAULT_MODEL_AUTH_HEADER
     model_api_key: str = field(default="", repr=False)
+    # Host-run tools: --tool-executor, --mcp-server, --tools-config (see agentsessions.host.tools.config).
+    tool_executors: list[str] = field(default_factory=list)
+    mcp_servers: list[str] = field(default_factory=list)
+    tools_files: list[str] = field(default_factory=list)
+    # DeleteSession drops the journal rows too (default: rows kept, session hidden).
+    purge_on_delete: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -131,7 +137,33 @@ class HostConfig:
             model_path=pick("model_path", DEFAULT_MODEL_PATH),
             model_auth_header=pick("model_auth_header", DEFAULT_MODEL_AUTH_HEADER),
             model_api_key=next((environ[v] for v in MODEL_API_KEY_VARIABLES if environ.get(v)), ""),
+            tool_executors=list(getattr(args, "tool_executor", None) or []),
+            mcp_servers=list(getattr(args, "mcp_server", None) or []),
+            tools_files=_split(
+                getattr(args, "tools_config", None) or [], environ.get(ENV_PREFIX + "TOOLS_CONFIG")
+            ),
+            purge_on_delete=_flag(
+                getattr(args, "purge_on_delete", None), environ.get(ENV_PREFIX + "PURGE_ON_DELETE")
+            ),
         )
+
+
+def _split(flags: Sequence[str], env_value: str | None) -> list[str]:
+    if flags:
+        return list(flags)
+    return [item for item in (env_value or "").split(",") if item.strip()]
+
+
+def _flag(flag: bool | None, env_value: str | None) -> bool:
+    if flag is not None:
+        return flag
+    if env_value is None or env_value == "":
+        return False
+    if env_value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if env_value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{ENV_PREFIX}PURGE_ON_DELETE {env_value!r} is not a boolean (true/false)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,6 +230,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"header carrying the key from ${MODEL_API_KEY_VARIABLES[0]}; "
         f"Authorization sends 'Bearer <key>' "
         f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
+    )
+    parser.add_argument(
+        "--tool-executor",
+        action="append",
+        metavar="python:MODULE:FUNC[=NAME]",
+        help="host-run tool backed by a Python function, repeatable",
+    )
+    parser.add_argument(
+        "--mcp-server",
+        action="append",
+        metavar="NAME='CMD ARGS'",
+        help="MCP server over stdio whose tools the host runs, repeatable",
+    )
+    parser.add_argument(
+        "--tools-config",
+        action="append",
+        metavar="PATH",
+        help=f"JSON or TOML file of tool executors, repeatable (env {env}TOOLS_CONFIG, comma-separated)",
+    )
+    parser.add_argument(
+        "--purge-on-delete",
+        action="store_true",
+        default=None,
+        help=f"DeleteSession also drops the session's journal rows "
+        f"(env {env}PURGE_ON_DELETE; default: keep them)",
     )
 
 

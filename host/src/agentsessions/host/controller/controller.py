@@ -10,6 +10,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import timestamp_pb2
 
@@ -38,7 +39,7 @@ from agentsessions.host.controller.executions import (
 from agentsessions.host.controller.harnesses import HarnessCatalog, ResolvedHarness, describe
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.sink import ExecutionSink
-from agentsessions.host.controller.tools import NoToolExecutorError, ToolInvoker
+from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import (
     ConflictError,
@@ -48,8 +49,9 @@ from agentsessions.host.journal.store import (
     SessionRow,
 )
 from agentsessions.host.models.provider import ModelProvider
-from agentsessions.sdk.errors import ApprovalParkedError
-from agentsessions.sdk.harness import Start
+from agentsessions.host.tools.errors import MissingToolExecutorError
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.harness import Harness, Start
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -131,7 +133,8 @@ class _Observer:
 @dataclass
 class _Running:
     execution_id: str
-    task: asyncio.Task[None]
+    task: asyncio.Task[Any]
+    harness: Harness
     cancel_reason: str | None = None
 
 
@@ -240,7 +243,9 @@ class Controller:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, MAX_PAGE_SIZE)
         try:
-            rows, next_token = await self.store.list_sessions(project or self.default_project, page_size, token)
+            rows, next_token = await self.store.list_sessions(
+                project or self.default_project, page_size, token
+            )
         except InvalidPageTokenError as exc:
             raise InvalidArgumentError("page_token", "is not a token this host issued") from exc
         return [await self._view(r) for r in rows], next_token
@@ -327,7 +332,8 @@ class Controller:
         resolved = await self.catalog.resolve(override)
         if resolved.registered:
             raise FailedPreconditionError(
-                f"harness override {override!r} is a registered harness; overrides are between static harnesses only"
+                f"harness override {override!r} is a registered harness; "
+                "overrides are between static harnesses only"
             )
         return resolved
 
@@ -373,7 +379,9 @@ class Controller:
                 harness_version=desc.version,
             ),
         )
-        inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
+        inputs = [
+            common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs
+        ]
         records = await self._append(row.uid, [start_event, *inputs], expected, fence)
         for rec in records:
             await obs.record(rec)
@@ -416,7 +424,7 @@ class Controller:
 
         task = asyncio.current_task()
         assert task is not None
-        running = _Running(start.execution_id, task)
+        running = _Running(start.execution_id, task, resolved.harness)
         self._running[uid] = running
         failure: BaseException | None = None
         try:
@@ -432,7 +440,10 @@ class Controller:
             except asyncio.CancelledError:
                 if running.cancel_reason is None:
                     raise
-                failure = asyncio.CancelledError()
+                task.uncancel()  # Cancel asked for it: finish journaling the cancellation
+            except ExecutionCancelledError:
+                if running.cancel_reason is None:
+                    running.cancel_reason = "the harness cancelled the execution"
             except TimeoutError as exc:
                 failure = DeadlineExceededError(f"deadline_unix {deadline_unix} passed during the turn")
                 failure.__cause__ = exc
@@ -442,8 +453,14 @@ class Controller:
             sink.close()
             with contextlib.suppress(Exception):
                 await asyncio.shield(
-                    tail(common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(
-                        code=1, description="execution cancelled: the caller went away")))
+                    tail(
+                        common_pb2.Event(
+                            kind=K.EVENT_ERROR,
+                            error=common_pb2.Error(
+                                code=1, description="execution cancelled: the caller went away"
+                            ),
+                        )
+                    )
                 )
             raise
         finally:
@@ -454,7 +471,9 @@ class Controller:
             await tail(
                 common_pb2.Event(
                     kind=K.EVENT_END,
-                    end=common_pb2.HarnessEnd(state="CANCELED", error=common_pb2.Error(code=1, description=reason)),
+                    end=common_pb2.HarnessEnd(
+                        state="CANCELED", error=common_pb2.Error(code=1, description=reason)
+                    ),
                 )
             )
             await self._marker(uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_CANCEL, detail=reason), obs)
@@ -467,13 +486,16 @@ class Controller:
             return session_view_proto(view)
         if failure is None and sink.unconsumed() > 0:
             failure = ReplayDivergedError(
-                f"execution {start.execution_id}: harness left {sink.unconsumed()} recorded effects unconsumed"
+                f"execution {start.execution_id}: harness left {sink.unconsumed()} "
+                "recorded effects unconsumed"
             )
         if failure is not None:
             err = _classify(failure)
             if not isinstance(err, ConcurrencyError):
                 with contextlib.suppress(ControllerError):
-                    await tail(common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(description=str(failure))))
+                    await tail(
+                        common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(description=str(failure)))
+                    )
             raise err from failure
         await tail(common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")))
         return None
@@ -726,7 +748,9 @@ class Controller:
             events, executions = await self._executions(row)
             target = next((ex for ex in executions if ex.id == execution_id and not ex.legacy), None)
             if target is None:
-                raise FailedPreconditionError(f"execution {execution_id!r} has no approval request in session {uid}")
+                raise FailedPreconditionError(
+                    f"execution {execution_id!r} has no approval request in session {uid}"
+                )
             if target.inherited:
                 raise FailedPreconditionError(
                     f"approval request {request_seq} was copied from the parent session by a fork; "
@@ -764,7 +788,8 @@ class Controller:
             latest = latest_execution(executions)
             if latest is not target or target.completed:
                 raise FailedPreconditionError(
-                    f"approval request {request_seq} is stale: execution {execution_id!r} is no longer the live turn"
+                    f"approval request {request_seq} is stale: "
+                    f"execution {execution_id!r} is no longer the live turn"
                 )
             fence = await self.store.new_fence(uid)
             ts = timestamp_pb2.Timestamp()
@@ -788,7 +813,9 @@ class Controller:
         if running is not None and (not execution_id or execution_id == running.execution_id):
             if running.cancel_reason is None:
                 running.cancel_reason = reason or "cancelled by request"
-                running.task.cancel()
+                canceller = getattr(running.harness, "cancel", None)
+                if canceller is None or not await canceller(running.execution_id, running.cancel_reason):
+                    running.task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(_settled(running.task)), self.cancel_grace_s)
         return await self.view(uid)
@@ -827,7 +854,7 @@ class ExecutionCancelled(ControllerError):
     """The turn was stopped by Cancel; END{CANCELED} and a CANCEL marker were journaled."""
 
 
-async def _settled(task: asyncio.Task[None]) -> None:
+async def _settled(task: asyncio.Task[Any]) -> None:
     with contextlib.suppress(BaseException):
         await task
 
@@ -897,7 +924,7 @@ def _text(message: common_pb2.Message) -> str:
 def _classify(exc: BaseException) -> ControllerError:
     if isinstance(exc, ControllerError):
         return exc
-    if isinstance(exc, NoToolExecutorError):
+    if isinstance(exc, MissingToolExecutorError):
         return FailedPreconditionError(str(exc))
     if isinstance(exc, ConflictError | FencedError):
         return ConcurrencyError(str(exc))
@@ -924,7 +951,7 @@ def session_view_proto(view: SessionView) -> session_pb2.Session:
         s.metadata.create_time.FromNanoseconds(row.create_time_ns)
     if row.update_time_ns:
         s.metadata.update_time.FromNanoseconds(row.update_time_ns)
-    s.compute_state = _COMPUTE.get(row.compute_state, session_pb2.COMPUTE_NONE)  # type: ignore[assignment]
+    s.compute_state = _COMPUTE.get(row.compute_state, session_pb2.COMPUTE_NONE)
     if view.pending_approval is not None:
         s.pending_approval.CopyFrom(view.pending_approval)
     if row.origin is not None:

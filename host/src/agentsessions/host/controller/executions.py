@@ -132,9 +132,7 @@ def latest_execution(executions: list[Execution]) -> Execution | None:
     return executions[-1] if executions else None
 
 
-def recorded_effects(
-    events: list[common_pb2.Event], ex: Execution
-) -> tuple[list[Effect], int]:
+def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[list[Effect], int]:
     """The execution's effect stream and its number of USAGE records.
 
     MODEL_CALL pairs with the OUTPUT that follows it; TOOL_CALL with its approval records and

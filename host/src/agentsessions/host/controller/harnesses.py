@@ -23,6 +23,14 @@ RemoteFactory = Callable[[str], Harness]
 
 
 @dataclass(frozen=True)
+class StaticHarness:
+    """A harness from the host's own configuration: in-process, or dialled at ``address``."""
+
+    harness: Harness
+    address: str = ""
+
+
+@dataclass(frozen=True)
 class ResolvedHarness:
     """A harness ready to be described and run, with how it is placed."""
 
@@ -38,13 +46,13 @@ class HarnessCatalog:
 
     def __init__(
         self,
-        static: Mapping[str, tuple[Harness, bool]],
+        static: Mapping[str, StaticHarness],
         store: JournalStore,
         remote_factory: RemoteFactory,
         default: str = "echo",
     ) -> None:
-        self._static = dict(static)  # name -> (harness, in_process)
-        self._store = store
+        self._static = dict(static)
+        self.store = store
         self._remote_factory = remote_factory
         self._remote_cache: dict[str, Harness] = {}
         self.default = default
@@ -55,8 +63,13 @@ class HarnessCatalog:
     def is_static(self, name: str) -> bool:
         return name in self._static
 
+    def static_address(self, name: str) -> str:
+        """The dialled address of a static harness ("" for an in-process one)."""
+        entry = self._static.get(name)
+        return entry.address if entry is not None else ""
+
     async def names(self) -> list[str]:
-        regs = await self._store.list_harnesses()
+        regs = await self.store.list_harnesses()
         return sorted(set(self._static) | {r.metadata.name for r in regs})
 
     async def resolve(self, name: str, *, for_new_session: bool = False) -> ResolvedHarness:
@@ -65,8 +78,8 @@ class HarnessCatalog:
         name = name or self.default
         static = self._static.get(name)
         if static is not None:
-            return ResolvedHarness(name, static[0], registered=False, in_process=static[1])
-        reg = await self._store.get_harness(name)
+            return ResolvedHarness(name, static.harness, registered=False, in_process=not static.address)
+        reg = await self.store.get_harness(name)
         if reg is None:
             known = ", ".join(await self.names())
             raise InvalidArgumentError("harness", f"unknown harness {name!r} (registered: {known})")
@@ -84,13 +97,15 @@ class HarnessCatalog:
         )
 
 
-async def describe(resolved: ResolvedHarness, timeout: float = DESCRIBE_TIMEOUT_S) -> harness_pb2.HarnessDescriptor:
+async def describe(
+    resolved: ResolvedHarness, bound_s: float = DESCRIBE_TIMEOUT_S
+) -> harness_pb2.HarnessDescriptor:
     """Describe a harness at admission, bounded; failures are UNAVAILABLE-class errors."""
     try:
-        descriptor = await asyncio.wait_for(resolved.harness.describe(), timeout)
+        descriptor = await asyncio.wait_for(resolved.harness.describe(), bound_s)
     except TimeoutError as exc:
         raise HarnessUnavailableError(
-            f"harness {resolved.name!r} did not answer Describe within {timeout:g}s"
+            f"harness {resolved.name!r} did not answer Describe within {bound_s:g}s"
         ) from exc
     except asyncio.CancelledError:
         raise

@@ -17,14 +17,11 @@ from dataclasses import dataclass
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
-from agentsessions.host.controller.tools import (
-    APPROVAL_DENIED_TEXT,
-    NoToolExecutorError,
-    ToolInvoker,
-    check_host_tool_call,
-    check_reported_result,
-)
+from agentsessions.host.controller.tools import ToolInvoker, check_reported_result
 from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.tools.args import validate_tool_call
+from agentsessions.host.tools.errors import MissingToolExecutorError
+from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import text_message
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
@@ -79,14 +76,18 @@ class ExecutionSink:
         self._closed = False
         self.parked: ApprovalParkedError | None = None
         self.counters = SinkCounters()
-        # The last approval decision served with a receipt (for transports that relay it).
-        self.last_decision: common_pb2.ApprovalResult | None = None
+        # Decisions served with receipts, by call id (transports relay them before the receipt).
+        self._decisions: dict[str, common_pb2.ApprovalResult] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
         """Seal the sink: every later call fails with SinkClosedError."""
         self._closed = True
+
+    def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None:
+        """The recorded decision behind a receipt this sink returned (for the Connect bridge)."""
+        return self._decisions.get(tool_call_id)
 
     def unconsumed(self) -> int:
         """Recorded effects the harness has not asked for (non-zero after run = divergence)."""
@@ -129,9 +130,7 @@ class ExecutionSink:
             if effect is not None:
                 recorded = effect.call.model
                 if recorded.input_hash != input_hash:
-                    raise self._diverge(
-                        "model input hash mismatch - harness violated STATELESS_REPLAY (I0)"
-                    )
+                    raise self._diverge("model input hash mismatch - harness violated STATELESS_REPLAY (I0)")
                 if effect.reply is not None:
                     self._cursor += 1
                     return harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
@@ -211,7 +210,7 @@ class ExecutionSink:
     async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         async with self._lock:
             self._check_open()
-            check_host_tool_call(call)
+            validate_tool_call(call)
             effect = self._next_recorded("tool")
             if effect is None:
                 return await self._live_tool_call(call)
@@ -221,7 +220,7 @@ class ExecutionSink:
             if effect.reply is not None:
                 self._cursor += 1
                 if effect.approval_result is not None:
-                    self.last_decision = effect.approval_result[1].approval_result
+                    self._decisions[call.id] = effect.approval_result[1].approval_result
                 return effect.reply.result
             if self._cursor != len(self._recorded) - 1 or not self._live:
                 raise self._diverge(f"tool call {call.id!r} has no recorded result")
@@ -246,8 +245,8 @@ class ExecutionSink:
         return await self._execute(intent)
 
     async def _execute(self, call: common_pb2.ToolCall, **receipt: int) -> common_pb2.ToolResult:
-        if self._tools is None or not self._tools.has_tool(call.tool):
-            raise NoToolExecutorError(f"no tool executor configured for tool {call.tool!r}")
+        if self._tools is None:
+            raise MissingToolExecutorError(call.tool, [])  # the registry raises it for unknown tools
         self.counters.tool_executions += 1
         result = await self._tools.execute(self.session, call)
         stored = common_pb2.ToolResult()
@@ -283,14 +282,14 @@ class ExecutionSink:
             raise self.parked
         decision_seq, decision_event = effect.approval_result
         decision = decision_event.approval_result
-        self.last_decision = decision
+        self._decisions[call.id] = decision
         if not decision.approved:
             receipt = common_pb2.ToolResult(
                 id=call.id,
                 is_error=True,
                 code=common_pb2.ToolResult.APPROVAL_DENIED,
-                error=APPROVAL_DENIED_TEXT,
-                content=[common_pb2.Part(text=common_pb2.TextPart(text=APPROVAL_DENIED_TEXT))],
+                error=DENIED_MESSAGE,
+                content=[common_pb2.Part(text=common_pb2.TextPart(text=DENIED_MESSAGE))],
                 approval_request_seq=request_seq,
                 approval_decision_seq=decision_seq,
             )
