@@ -8,10 +8,7 @@ backed by the embedded echo model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,45 +18,9 @@ from agentsessions.host.models.echo import EchoModel
 from agentsessions.sdk import Start, text_message
 from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2, harness_pb2
+from tests.support.processes import BIN, harness_process, stop
 
 pytestmark = pytest.mark.e2e
-
-BIN = Path(sys.executable).parent
-READY_PREFIX = "listening on "
-
-
-class Harness:
-    def __init__(self, process: asyncio.subprocess.Process, address: str) -> None:
-        self.process = process
-        self.address = address
-
-
-@contextlib.asynccontextmanager
-async def harness_process(argv: Sequence[str], cwd: Path) -> AsyncIterator[Harness]:
-    process = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(60):
-            line = (await process.stdout.readline()).decode()
-        if not line.startswith(READY_PREFIX):
-            assert process.stderr is not None
-            async with asyncio.timeout(10):
-                error = (await process.stderr.read()).decode()
-            raise AssertionError(f"harness did not start: {line!r} {error}")
-        yield Harness(process, line[len(READY_PREFIX) :].strip())
-    finally:
-        if process.returncode is None:
-            process.kill()
-            async with asyncio.timeout(30):
-                await process.wait()
-
-
-async def stop(harness: Harness) -> int:
-    harness.process.send_signal(signal.SIGTERM)
-    async with asyncio.timeout(30):
-        return await harness.process.wait()
 
 
 class EchoHostSink:

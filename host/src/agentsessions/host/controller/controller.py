@@ -152,6 +152,7 @@ class Controller:
         purge_on_delete: bool = False,
         stream_deltas: bool = True,
         cancel_grace_s: float = 5.0,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -161,6 +162,8 @@ class Controller:
         self.purge_on_delete = purge_on_delete
         self.stream_deltas = stream_deltas
         self.cancel_grace_s = cancel_grace_s
+        # Execution and model-call ids: 16 random hex digits (injectable for reproducible journals).
+        self.new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         self.cache = JournalCache(store)
         self._guards: dict[str, asyncio.Lock] = {}
         self._running: dict[str, _Running] = {}
@@ -367,7 +370,7 @@ class Controller:
         expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
         history = list(events)
         fence = await self.store.new_fence(row.uid)
-        execution_id = secrets.token_hex(8)
+        execution_id = self.new_id()
         start_event = common_pb2.Event(
             execution_id=execution_id,
             kind=K.EVENT_EXECUTION_START,
@@ -401,6 +404,7 @@ class Controller:
             model=self.model,
             tools=self.tools,
             on_delta=obs.delta if self.stream_deltas else None,
+            new_id=self.new_id,
         )
         return await self._drive(row.uid, resolved, start, sink, writer, obs, p.deadline_unix)
 
@@ -558,6 +562,7 @@ class Controller:
             on_delta=obs.delta if obs is not None and self.stream_deltas else None,
             inherited_prefix=ex.inherited,
             redrive_trailing_model=not ex.legacy,
+            new_id=self.new_id,
         )
         return await self._drive(row.uid, resolved, start, sink, writer, obs)
 

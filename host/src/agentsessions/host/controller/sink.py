@@ -58,6 +58,7 @@ class ExecutionSink:
         on_delta: DeltaSink | None = None,
         inherited_prefix: bool = False,
         redrive_trailing_model: bool = True,
+        new_id: Callable[[], str] | None = None,
     ) -> None:
         self.session = session
         self.execution_id = execution_id
@@ -71,6 +72,7 @@ class ExecutionSink:
         self._on_delta = on_delta
         self._inherited = inherited_prefix
         self._redrive_model = redrive_trailing_model
+        self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None
         self._closed = False
@@ -147,7 +149,7 @@ class ExecutionSink:
                 common_pb2.Event(
                     kind=K.EVENT_MODEL_CALL,
                     model=common_pb2.ModelCall(
-                        model=call.model, input_hash=input_hash, id=secrets.token_hex(8)
+                        model=call.model, input_hash=input_hash, id=self._new_id()
                     ),
                 )
             )
