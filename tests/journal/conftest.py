@@ -14,11 +14,16 @@ from pathlib import Path
 from typing import Protocol, cast
 
 import aiosqlite
+import asyncpg
 import pytest
 
 from agentsessions.host.journal import JournalStore, open_store
 from agentsessions.host.journal.memory import MemoryStore
+from agentsessions.host.journal.postgres import PostgresStore
 from agentsessions.host.journal.sqlite import SqliteStore
+from tests.journal.pg import pg_server, pg_url
+
+__all__ = ["pg_server", "pg_url"]
 
 
 class Corrupter(Protocol):
@@ -82,16 +87,45 @@ async def _corrupt_sqlite(
             await db.execute("UPDATE events SET hash = ? WHERE session = ? AND seq = ?", (hash, uid, seq))
 
 
+async def _corrupt_postgres(
+    store: JournalStore,
+    uid: str,
+    seq: int,
+    *,
+    event: Callable[[bytes], bytes] | None = None,
+    hash: str | None = None,
+) -> None:
+    conn = await asyncpg.connect(cast(PostgresStore, store).url)
+    try:
+        if event is not None:
+            stored = await conn.fetchval("SELECT event FROM events WHERE session = $1 AND seq = $2", uid, seq)
+            assert stored is not None, f"no stored record {uid}@{seq}"
+            await conn.execute(
+                "UPDATE events SET event = $3 WHERE session = $1 AND seq = $2", uid, seq, event(bytes(stored))
+            )
+        if hash is not None:
+            await conn.execute("UPDATE events SET hash = $3 WHERE session = $1 AND seq = $2", uid, seq, hash)
+    finally:
+        await conn.close()
+
+
 BACKENDS: dict[str, Backend] = {
     "memory": Backend(target=lambda request, tmp: "memory:", corrupt=_corrupt_memory, shared=False),
     "sqlite": Backend(
         target=lambda request, tmp: f"sqlite://{tmp / 'journal.db'}", corrupt=_corrupt_sqlite, shared=True
+    ),
+    # A fresh database per test on the run's server (tests/journal/pg.py).
+    "postgres": Backend(
+        target=lambda request, tmp: str(request.getfixturevalue("pg_url")),
+        corrupt=_corrupt_postgres,
+        shared=True,
     ),
 }
 
 STORE_PARAMS = [
     pytest.param("memory"),
     pytest.param("sqlite"),
+    pytest.param("postgres", marks=pytest.mark.postgres),
 ]
 
 
