@@ -258,6 +258,18 @@ _INSERT_EVENTS: Final = """
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bytea[])
 """
 
+_APPEND_ROWS: Final = """
+    WITH appended AS (
+        INSERT INTO events (session, seq, prev_hash, hash, fence, event)
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bytea[])
+    )
+    UPDATE sessions AS s
+    SET last_seq = u.last_seq, last_hash = u.last_hash, compute_state = u.compute_state, updated_at = $11
+    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[])
+        AS u(uid, last_seq, last_hash, compute_state)
+    WHERE s.uid = u.uid
+"""
+
 _SESSION_COLUMNS: Final = (
     "uid, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
     "fork_seq, fence, compute_state, last_seq, created_at, updated_at"
@@ -303,6 +315,7 @@ class PostgresStore:
                 max_size=max(1, pool_size),
                 timeout=CONNECT_TIMEOUT_S,
                 command_timeout=COMMAND_TIMEOUT_S,
+                reset=_reset_connection,
             )
         except (asyncpg.ClientConfigurationError, ValueError) as exc:
             raise PostgresURLError(f"malformed PostgreSQL URL {shown}: {exc}") from None
@@ -584,25 +597,16 @@ class PostgresStore:
                     state.dirty = True
                 outcomes.append(records)
             if rows.rows_seq:
+                touched = [(u, s) for u, s in states.items() if s.dirty]
+                # One round trip writes the records and moves the heads.
                 await conn.execute(
-                    _INSERT_EVENTS,
+                    _APPEND_ROWS,
                     rows.rows_session,
                     rows.rows_seq,
                     rows.rows_prev,
                     rows.rows_hash,
                     rows.rows_fence,
                     rows.rows_event,
-                )
-                touched = [(u, s) for u, s in states.items() if s.dirty]
-                await conn.execute(
-                    """
-                    UPDATE sessions AS s
-                    SET last_seq = u.last_seq, last_hash = u.last_hash,
-                        compute_state = u.compute_state, updated_at = $5
-                    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
-                        AS u(uid, last_seq, last_hash, compute_state)
-                    WHERE s.uid = u.uid
-                    """,
                     [u for u, _ in touched],
                     [s.last_seq for _, s in touched],
                     [s.last_hash for _, s in touched],
@@ -892,6 +896,14 @@ _RETRYABLE: Final = (
     asyncpg.DeadlockDetectedError,
     asyncpg.SerializationError,
 )
+
+
+async def _reset_connection(conn: Any) -> None:
+    """Pool release hook. The store never leaves session state behind (no SET, LISTEN,
+    session advisory locks or open cursors), so asyncpg's full reset, a round trip on every
+    release, is replaced by ending a transaction an interrupted caller left open."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 def _settle(pending: _PendingAppend, outcome: list[common_pb2.LogRecord] | BaseException) -> None:

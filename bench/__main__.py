@@ -1,0 +1,37 @@
+"""``python -m bench [SUITE ...] [--quick] [--backends memory,sqlite,postgres]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from bench import journal
+
+SUITES = ("journal",)
+BACKENDS = ("memory", "sqlite", "postgres")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("suites", nargs="*", choices=[*SUITES, []], help="suites to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help="comma-separated journal backends (postgres needs AGENTSESSIONS_BENCH_PG_URL)",
+    )
+    args = parser.parse_args(argv)
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        parser.error(f"unknown backend(s): {', '.join(unknown)}")
+    code = 0
+    for suite in args.suites or SUITES:
+        if suite == "journal":
+            code = max(code, journal.run(quick=args.quick, backends=backends))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

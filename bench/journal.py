@@ -1,0 +1,560 @@
+"""Journal benchmarks: append, verify and fork throughput per store backend.
+
+Every figure is reported twice: as a ratio against a baseline measured in the same run on the
+same machine (raw inserts of the same rows with no hashing, or hashing alone), and as an
+absolute number checked against the DESIGN.md goals:
+
+* at least 20,000 hash-chained durable events/s appended across concurrent sessions on SQLite;
+* chain verification at least 30,000 events/s;
+* a fork of 32 children from a 10,000-event session in under 0.5 s.
+
+PostgreSQL is measured when ``AGENTSESSIONS_BENCH_PG_URL`` (or ``AGENTSESSIONS_TEST_PG_URL``)
+names a server whose role may create databases; a scratch database is created and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import secrets
+import sqlite3
+import tempfile
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import asyncpg
+
+from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash
+from agentsessions.host.journal.memory import MemoryStore
+from agentsessions.host.journal.postgres import PostgresStore, redact_url
+from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.v1 import common_pb2
+
+RESULTS: Final = Path(__file__).resolve().parent / "results" / "journal.json"
+PG_URL_ENVS: Final = ("AGENTSESSIONS_BENCH_PG_URL", "AGENTSESSIONS_TEST_PG_URL")
+
+GOAL_APPEND_EVENTS_S: Final = 20_000.0
+GOAL_VERIFY_EVENTS_S: Final = 30_000.0
+GOAL_FORK_S: Final = 0.5
+FORK_CHILDREN: Final = 32
+CONCURRENT_SESSIONS: Final = 64
+# Appends used only to build long sessions quickly (not timed).
+BUILD_CHUNK: Final = 500
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each measurement does."""
+
+    single_session_appends: int
+    appends_per_concurrent_session: int
+    verify_events: int
+    fork_prefixes: tuple[int, ...]
+
+
+FULL: Final = Sizes(
+    single_session_appends=2_000,
+    appends_per_concurrent_session=100,
+    verify_events=10_000,
+    fork_prefixes=(1_000, 10_000),
+)
+QUICK: Final = Sizes(
+    single_session_appends=200,
+    appends_per_concurrent_session=10,
+    verify_events=1_000,
+    fork_prefixes=(100, 1_000),
+)
+
+
+def sample_event(i: int) -> common_pb2.Event:
+    """An assistant OUTPUT of about 200 characters, as an echo turn journals."""
+    text = f"echo:{i} " + "the quick brown fox jumps over the lazy dog " * 4
+    return common_pb2.Event(
+        kind=common_pb2.EVENT_OUTPUT,
+        execution_id=f"{i:016x}",
+        message=common_pb2.Message(
+            role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text=text))]
+        ),
+    )
+
+
+def fork_marker(at_seq: int) -> common_pb2.Event:
+    return common_pb2.Event(
+        kind=common_pb2.EVENT_LIFECYCLE,
+        lifecycle=common_pb2.Lifecycle(kind=common_pb2.Lifecycle.LIFECYCLE_FORK, detail=f"parent@{at_seq}"),
+    )
+
+
+@dataclass
+class Backend:
+    """A store backend under test: opens a store on a fresh database per measurement."""
+
+    name: str
+    open: Callable[[], Awaitable[JournalStore]]
+    cleanup: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Report:
+    sizes: Sizes
+    baselines: dict[str, float] = field(default_factory=dict)
+    results: dict[str, dict[str, float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    postgres_server: str = ""
+
+    def put(self, backend: str, metric: str, value: float) -> None:
+        self.results.setdefault(backend, {})[metric] = value
+
+
+@contextlib.contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    start = time.perf_counter()
+    end: float | None = None
+
+    def elapsed() -> float:
+        return (end if end is not None else time.perf_counter()) - start
+
+    try:
+        yield elapsed
+    finally:
+        end = time.perf_counter()
+
+
+# -- baselines ----------------------------------------------------------------------------------
+
+
+def _rows(n: int) -> list[tuple[str, int, str, str, int, bytes]]:
+    """Rows shaped like the journal's, hashes precomputed outside any timing."""
+    rows = []
+    for i in range(n):
+        rows.append(
+            (f"s{i % CONCURRENT_SESSIONS}", i + 1, "p" * 64, "h" * 64, 0, sample_event(i).SerializeToString())
+        )
+    return rows
+
+
+def _raw_sqlite(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = FULL")
+    db.execute(
+        "CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, prev_hash TEXT NOT NULL, "
+        "hash TEXT NOT NULL, fence INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY (session, seq))"
+    )
+    return db
+
+
+_RAW_INSERT: Final = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def baseline_sqlite(sizes: Sizes, workdir: Path) -> dict[str, float]:
+    """Raw sqlite3 inserts of journal-shaped rows (no hashing, no store): the cost floor."""
+    out: dict[str, float] = {}
+    n = sizes.single_session_appends
+    db = _raw_sqlite(workdir / "raw-commit.db")
+    rows = _rows(n)
+    with timer() as elapsed:
+        for row in rows:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(_RAW_INSERT, row)
+            db.execute("COMMIT")
+    out["raw_sqlite_commit_per_row_events_s"] = n / elapsed()
+    db.close()
+
+    total = sizes.appends_per_concurrent_session * CONCURRENT_SESSIONS
+    db = _raw_sqlite(workdir / "raw-batch.db")
+    rows = _rows(total)
+    with timer() as elapsed:
+        for start in range(0, total, CONCURRENT_SESSIONS):
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(_RAW_INSERT, rows[start : start + CONCURRENT_SESSIONS])
+            db.execute("COMMIT")
+    out["raw_sqlite_commit_per_64_rows_events_s"] = total / elapsed()
+
+    # A fork's work without a store: copy a prefix 32 times in one transaction.
+    prefix = max(sizes.fork_prefixes)
+    db.execute("BEGIN IMMEDIATE")
+    db.executemany(
+        _RAW_INSERT, [("parent", i + 1, "p" * 64, "h" * 64, 0, r[5]) for i, r in enumerate(_rows(prefix))]
+    )
+    db.execute("COMMIT")
+    with timer() as elapsed:
+        db.execute("BEGIN IMMEDIATE")
+        for c in range(FORK_CHILDREN):
+            db.execute(
+                "INSERT INTO events SELECT ?, seq, prev_hash, hash, fence, event "
+                "FROM events WHERE session = ?",
+                (f"child{c}", "parent"),
+            )
+        db.execute("COMMIT")
+    out[f"raw_sqlite_copy_32x{prefix}_s"] = elapsed()
+    db.close()
+    return out
+
+
+def baseline_hashing(sizes: Sizes) -> dict[str, float]:
+    """Hashing alone, the CPU floor of append and verify: canonical JSON + SHA-256 chain."""
+    n = sizes.verify_events
+    events = [sample_event(i) for i in range(n)]
+    blobs = [e.SerializeToString() for e in events]
+    decode_and_hash = chain_only = 0.0
+    # Best of three: these loops are short, one GC pause would dominate a single run.
+    for _ in range(3):
+        prev = ""
+        with timer() as elapsed:
+            for seq, blob in enumerate(blobs, start=1):
+                prev = content_hash(common_pb2.Event.FromString(blob), prev, seq)
+        decode_and_hash = max(decode_and_hash, n / elapsed())
+        prev = ""
+        with timer() as elapsed:
+            for seq, ev in enumerate(events, start=1):
+                prev = chain_hash(canonical_event(ev), prev, seq)
+        chain_only = max(chain_only, n / elapsed())
+    return {"hash_decode_and_chain_events_s": decode_and_hash, "hash_chain_events_s": chain_only}
+
+
+async def baseline_postgres(sizes: Sizes, url: str) -> dict[str, float]:
+    """Raw asyncpg inserts of journal-shaped rows, one connection, no hashing."""
+    out: dict[str, float] = {}
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "CREATE TABLE raw_events (session TEXT NOT NULL, seq BIGINT NOT NULL, prev_hash TEXT NOT NULL, "
+            "hash TEXT NOT NULL, fence BIGINT NOT NULL, event BYTEA NOT NULL, PRIMARY KEY (session, seq))"
+        )
+        insert = "INSERT INTO raw_events VALUES ($1, $2, $3, $4, $5, $6)"
+        n = sizes.single_session_appends
+        rows = _rows(n)
+        with timer() as elapsed:
+            for row in rows:
+                await conn.execute(insert, *row)
+        out["raw_pg_commit_per_row_events_s"] = n / elapsed()
+        await conn.execute("TRUNCATE raw_events")
+        total = sizes.appends_per_concurrent_session * CONCURRENT_SESSIONS
+        rows = _rows(total)
+        with timer() as elapsed:
+            for start in range(0, total, CONCURRENT_SESSIONS):
+                async with conn.transaction():
+                    await conn.executemany(insert, rows[start : start + CONCURRENT_SESSIONS])
+        out["raw_pg_commit_per_64_rows_events_s"] = total / elapsed()
+        await conn.execute("DROP TABLE raw_events")
+    finally:
+        await conn.close()
+    return out
+
+
+# -- store measurements -------------------------------------------------------------------------
+
+
+async def build_session(store: JournalStore, uid: str, events: int) -> None:
+    await store.create_session(SessionRow(uid=uid, project="bench"))
+    head = 0
+    while head < events:
+        chunk = [sample_event(i) for i in range(head, min(events, head + BUILD_CHUNK))]
+        await store.append(uid, chunk, expected_head=head, fence=0)
+        head += len(chunk)
+
+
+async def measure_backend(backend: Backend, sizes: Sizes, report: Report) -> None:
+    name = backend.name
+
+    store = await backend.open()
+    try:
+        await store.create_session(SessionRow(uid="one", project="bench"))
+        events = [sample_event(i) for i in range(sizes.single_session_appends)]
+        with timer() as elapsed:
+            for head, ev in enumerate(events):
+                await store.append("one", [ev], expected_head=head, fence=0)
+        report.put(name, "append_1_session_events_s", len(events) / elapsed())
+    finally:
+        await store.close()
+        await backend.cleanup()
+
+    store = await backend.open()
+    try:
+        uids = [f"c{i}" for i in range(CONCURRENT_SESSIONS)]
+        for uid in uids:
+            await store.create_session(SessionRow(uid=uid, project="bench"))
+        per = sizes.appends_per_concurrent_session
+
+        async def writer(uid: str) -> None:
+            for head in range(per):
+                await store.append(uid, [sample_event(head)], expected_head=head, fence=0)
+
+        with timer() as elapsed:
+            await asyncio.gather(*(writer(u) for u in uids))
+        report.put(name, "append_64_sessions_events_s", per * len(uids) / elapsed())
+    finally:
+        await store.close()
+        await backend.cleanup()
+
+    store = await backend.open()
+    try:
+        await build_session(store, "long", sizes.verify_events)
+        with timer() as elapsed:
+            checked = await store.verify("long")
+        assert checked == sizes.verify_events
+        report.put(name, "verify_events_s", checked / elapsed())
+        for prefix in sizes.fork_prefixes:
+            parent = f"parent{prefix}"
+            await build_session(store, parent, prefix)
+            children = [SessionRow(uid=f"{parent}-child{c}", project="bench") for c in range(FORK_CHILDREN)]
+            with timer() as elapsed:
+                forked = await store.fork(parent, prefix, children, fork_marker(prefix))
+            assert len(forked) == FORK_CHILDREN and all(r.last_seq == prefix + 1 for r in forked)
+            report.put(name, f"fork_32_children_prefix_{prefix}_s", elapsed())
+    finally:
+        await store.close()
+        await backend.cleanup()
+
+
+# -- backends -----------------------------------------------------------------------------------
+
+
+def memory_backend() -> Backend:
+    async def open_() -> JournalStore:
+        return MemoryStore()
+
+    async def cleanup() -> None:
+        return None
+
+    return Backend("memory", open_, cleanup)
+
+
+def sqlite_backend(workdir: Path) -> Backend:
+    counter = iter(range(1_000_000))
+    current: list[Path] = []
+
+    async def open_() -> JournalStore:
+        path = workdir / f"store-{next(counter)}.db"
+        current.append(path)
+        return await SqliteStore.open(path)
+
+    def remove(path: Path) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    async def cleanup() -> None:
+        while current:
+            await asyncio.to_thread(remove, current.pop())
+
+    return Backend("sqlite", open_, cleanup)
+
+
+@contextlib.asynccontextmanager
+async def scratch_postgres(admin_url: str) -> AsyncIterator[str]:
+    """A scratch database on the server, dropped afterwards; yields its URL."""
+    name = "agentsessions_bench_" + secrets.token_hex(6)
+    conn = await asyncpg.connect(admin_url, timeout=30)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    parts = urllib.parse.urlsplit(admin_url)
+    try:
+        yield urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+    finally:
+        conn = await asyncpg.connect(admin_url, timeout=30)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+def postgres_backend(url: str) -> Backend:
+    async def open_() -> JournalStore:
+        return await PostgresStore.open(url)
+
+    async def cleanup() -> None:
+        conn = await asyncpg.connect(url, timeout=30)
+        try:
+            await conn.execute(
+                "DROP TABLE IF EXISTS sessions, events, harnesses, tool_receipts, schema_migrations"
+            )
+        finally:
+            await conn.close()
+
+    return Backend("postgres", open_, cleanup)
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def ratios(report: Report) -> dict[str, dict[str, float | None]]:
+    b = report.baselines
+    prefix = max(report.sizes.fork_prefixes)
+    out: dict[str, dict[str, float | None]] = {}
+    for name, r in report.results.items():
+        raw = "pg" if name == "postgres" else "sqlite"
+        out[name] = {
+            "append_1_session_vs_raw_commit_per_row": ratio(
+                r.get("append_1_session_events_s"), b.get(f"raw_{raw}_commit_per_row_events_s")
+            ),
+            "append_64_sessions_vs_raw_commit_per_64_rows": ratio(
+                r.get("append_64_sessions_events_s"), b.get(f"raw_{raw}_commit_per_64_rows_events_s")
+            ),
+            "verify_vs_decode_and_hash_alone": ratio(
+                r.get("verify_events_s"), b.get("hash_decode_and_chain_events_s")
+            ),
+            # Time ratio: how many raw copies of the prefix one store fork costs.
+            f"fork_{prefix}_time_vs_raw_sqlite_copy": ratio(
+                r.get(f"fork_32_children_prefix_{prefix}_s"), b.get(f"raw_sqlite_copy_32x{prefix}_s")
+            ),
+        }
+    return out
+
+
+def goals(report: Report) -> list[dict[str, Any]]:
+    prefix = max(report.sizes.fork_prefixes)
+    out: list[dict[str, Any]] = []
+    for name, r in report.results.items():
+        checks = [
+            ("append_64_sessions_events_s", GOAL_APPEND_EVENTS_S, ">="),
+            ("verify_events_s", GOAL_VERIFY_EVENTS_S, ">="),
+        ]
+        if prefix == 10_000:
+            checks.append((f"fork_32_children_prefix_{prefix}_s", GOAL_FORK_S, "<"))
+        for metric, target, op in checks:
+            value = r.get(metric)
+            if value is None:
+                continue
+            met = value >= target if op == ">=" else value < target
+            out.append(
+                {
+                    "backend": name,
+                    "metric": metric,
+                    "goal": f"{op} {target:g}",
+                    "value": value,
+                    "met": met,
+                    # DESIGN.md states the append goal for SQLite; the others apply to every backend.
+                    "binding": name == "sqlite" or metric != "append_64_sessions_events_s",
+                }
+            )
+    return out
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:,.1f} ms"
+    if unit == "x":
+        return f"{value:.2f}x"
+    return f"{value:,.0f}/s"
+
+
+def print_report(
+    report: Report, ratio_table: dict[str, dict[str, float | None]], goal_rows: list[dict[str, Any]]
+) -> None:
+    names = list(report.results)
+    metrics = sorted({m for r in report.results.values() for m in r}, key=_metric_order)
+    width = max(len(m) for m in [*metrics, "metric"]) + 2
+    print("\nJournal benchmarks (sizes: " + json.dumps(dataclasses.asdict(report.sizes)) + ")")
+    print("metric".ljust(width) + "".join(n.rjust(16) for n in names))
+    for m in metrics:
+        unit = "s" if m.endswith("_s") and not m.endswith("events_s") else "/s"
+        print(m.ljust(width) + "".join(_fmt(report.results[n].get(m), unit).rjust(16) for n in names))
+    print("\nBaselines measured in this run")
+    for key, value in sorted(report.baselines.items()):
+        unit = "s" if key.endswith("_s") and not key.endswith("events_s") else "/s"
+        print(f"  {key.ljust(width)}{_fmt(value, unit).rjust(16)}")
+    print("\nRatios (store / baseline, same run)")
+    ratio_names = sorted({k for r in ratio_table.values() for k in r})
+    rwidth = max(len(k) for k in ratio_names) + 2
+    print("ratio".ljust(rwidth) + "".join(n.rjust(12) for n in ratio_table))
+    for k in ratio_names:
+        print(k.ljust(rwidth) + "".join(_fmt(ratio_table[n].get(k), "x").rjust(12) for n in ratio_table))
+    print("\nDESIGN.md goals")
+    for g in goal_rows:
+        unit = "s" if g["metric"].endswith("_s") and not g["metric"].endswith("events_s") else "/s"
+        verdict = "met" if g["met"] else "NOT met"
+        scope = "" if g["binding"] else " (goal stated for SQLite; informational)"
+        shown = _fmt(g["value"], unit)
+        print(f"  {g['backend']:<9}{g['metric']:<40}{shown:>14}  goal {g['goal']:<10} {verdict}{scope}")
+    for name, why in report.skipped.items():
+        print(f"\n{name}: skipped ({why})")
+
+
+def _metric_order(metric: str) -> tuple[int, str]:
+    for i, head in enumerate(("append_1", "append_64", "verify", "fork")):
+        if metric.startswith(head):
+            return i, metric
+    return 9, metric
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+
+def _pg_admin_url() -> str | None:
+    for env in PG_URL_ENVS:
+        value = os.environ.get(env, "").strip()
+        if value:
+            return value
+    return None
+
+
+async def _run(sizes: Sizes, workdir: Path, backends: list[str]) -> Report:
+    report = Report(sizes=sizes)
+    report.baselines.update(baseline_hashing(sizes))
+    report.baselines.update(await asyncio.to_thread(baseline_sqlite, sizes, workdir))
+    if "memory" in backends:
+        await measure_backend(memory_backend(), sizes, report)
+    if "sqlite" in backends:
+        await measure_backend(sqlite_backend(workdir), sizes, report)
+    if "postgres" in backends:
+        admin = _pg_admin_url()
+        if admin is None:
+            report.skipped["postgres"] = f"set {PG_URL_ENVS[0]} to a server URL to measure it"
+        else:
+            async with scratch_postgres(admin) as url:
+                report.baselines.update(await baseline_postgres(sizes, url))
+                await measure_backend(postgres_backend(url), sizes, report)
+            report.postgres_server = redact_url(admin)
+    return report
+
+
+def run(*, quick: bool, backends: list[str], out: Path = RESULTS) -> int:
+    """Run the journal benchmarks, print the table and write ``out``. Returns an exit code."""
+    sizes = QUICK if quick else FULL
+    with tempfile.TemporaryDirectory(prefix="agentsessions-bench-") as tmp:
+        report = asyncio.run(_run(sizes, Path(tmp), backends))
+    ratio_table = ratios(report)
+    goal_rows = goals(report)
+    print_report(report, ratio_table, goal_rows)
+    document = {
+        "benchmark": "journal",
+        "when_unix": int(time.time()),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "sqlite": sqlite3.sqlite_version,
+        },
+        "quick": quick,
+        "sizes": dataclasses.asdict(report.sizes),
+        "baselines": report.baselines,
+        "results": report.results,
+        "ratios": ratio_table,
+        "goals": goal_rows,
+        "skipped": report.skipped,
+        "postgres_server": report.postgres_server,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {out}")
+    return 0
