@@ -45,6 +45,7 @@ class Host:
     process: subprocess.Popen[bytes]
     address: str
     log_path: Path
+    registry_address: str = ""
 
     def log_text(self) -> str:
         return self.log_path.read_text()
@@ -118,7 +119,11 @@ def grpcurl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    running = start_host(tmp_path_factory.mktemp("host"), args=["--log-format", "json"])
+    registry = f"127.0.0.1:{free_port()}"
+    running = start_host(
+        tmp_path_factory.mktemp("host"), args=["--log-format", "json", "--registry-addr", registry]
+    )
+    running.registry_address = registry
     yield running
     assert running.stop() == 0
 
@@ -148,6 +153,21 @@ def test_reflection_lists_every_sessions_rpc(host: Host, empty_dir: Path) -> Non
     assert set(listed.stdout.split()) == expected
 
 
+def test_the_registry_has_its_own_listener(host: Host, empty_dir: Path) -> None:
+    listed = grpcurl(host.registry_address, "list", cwd=empty_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert {"agentsessions.v1.HarnessRegistry", "grpc.health.v1.Health"} <= set(listed.stdout.split())
+    assert "agentsessions.v1.Sessions" not in listed.stdout
+    checked = grpcurl(
+        "-d",
+        '{"service": "agentsessions.v1.HarnessRegistry"}',
+        host.registry_address,
+        "grpc.health.v1.Health/Check",
+        cwd=empty_dir,
+    )
+    assert json.loads(checked.stdout) == {"status": "SERVING"}
+
+
 def test_describe_session_shows_every_field(host: Host, empty_dir: Path) -> None:
     described = grpcurl(host.address, "describe", "agentsessions.v1.Session", cwd=empty_dir)
     assert described.returncode == 0, described.stderr
@@ -173,12 +193,11 @@ def test_health_check_of_an_unknown_service_is_not_found(host: Host, empty_dir: 
     assert "Code: NotFound" in checked.stderr
 
 
-@pytest.mark.parametrize("rpc", ["Cancel", "DeleteSession", "Exec", "Replay"])
-def test_unimplemented_rpc_names_itself(host: Host, empty_dir: Path, rpc: str) -> None:
-    called = grpcurl("-d", "{}", host.address, f"agentsessions.v1.Sessions/{rpc}", cwd=empty_dir)
+def test_a_bad_request_gets_a_precise_status(host: Host, empty_dir: Path) -> None:
+    called = grpcurl("-d", "{}", host.address, "agentsessions.v1.Sessions/GetSession", cwd=empty_dir)
     assert called.returncode != 0
-    assert "Code: Unimplemented" in called.stderr
-    assert f"agentsessions.v1.Sessions/{rpc} is not implemented by this host" in called.stderr
+    assert "Code: InvalidArgument" in called.stderr
+    assert "uid" in called.stderr
 
 
 def trailers(verbose_output: str) -> dict[str, str]:
@@ -200,23 +219,44 @@ def test_request_id_round_trip(host: Host, empty_dir: Path) -> None:
         "-H",
         f"x-request-id: {request_id}",
         "-d",
-        '{"session": "sess-payload-must-not-be-logged"}',
+        '{"uid": "sess-000000000000000000000000"}',
         host.address,
-        "agentsessions.v1.Sessions/Cancel",
+        "agentsessions.v1.Sessions/GetSession",
         cwd=empty_dir,
     )
-    assert "Code: Unimplemented" in called.stderr
+    assert "Code: NotFound" in called.stderr
     assert trailers(called.stdout)["x-request-id"] == request_id
 
     # The access log line was written before the status left the host.
     lines = [
         line for line in host.json_lines() if line.get("request_id") == request_id and line["msg"] == "rpc"
     ]
-    cancel = [line for line in lines if line["method"] == "/agentsessions.v1.Sessions/Cancel"]
-    assert len(cancel) == 1
-    assert cancel[0]["code"] == "UNIMPLEMENTED"
-    assert isinstance(cancel[0]["duration_ms"], float | int)
-    assert "sess-payload-must-not-be-logged" not in host.log_text()
+    [get] = [line for line in lines if line["method"] == "/agentsessions.v1.Sessions/GetSession"]
+    assert get["code"] == "NOT_FOUND"
+    assert isinstance(get["duration_ms"], float | int)
+
+
+def test_a_turn_is_logged_without_its_payload(host: Host, empty_dir: Path) -> None:
+    secret = f"payload-{os.getpid()}-{free_port()}"
+    request = {"inputs": [{"role": "user", "parts": [{"text": {"text": secret}}]}]}
+    called = grpcurl(
+        "-H",
+        "x-request-id: turn-probe",
+        "-d",
+        json.dumps(request),
+        host.address,
+        "agentsessions.v1.Sessions/Exec",
+        cwd=empty_dir,
+    )
+    assert called.returncode == 0, called.stderr
+    # The turn's records carry the input back to the caller...
+    assert secret in called.stdout
+    # ...but no log line does.
+    assert secret not in host.log_text()
+    assert any(
+        line.get("request_id") == "turn-probe" and line.get("method") == "/agentsessions.v1.Sessions/Exec"
+        for line in host.json_lines()
+    )
 
 
 def test_request_id_is_minted_when_absent(host: Host, empty_dir: Path) -> None:

@@ -12,7 +12,6 @@ import pytest
 from agentsessions.host import logs, requestid
 from agentsessions.host.app import App, build_app
 from agentsessions.host.config import HostConfig
-from agentsessions.host.service.sessions import SERVICE_NAME
 
 
 def emit(fmt: str, message: str, **values: object) -> str:
@@ -82,11 +81,10 @@ async def test_close_runs_every_release_step_last_first_and_reports_failures() -
     assert order == ["models", "links", "store"]
 
 
-async def test_build_app_serves_sessions_and_no_admin_services() -> None:
+async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_listener() -> None:
     app = await build_app(HostConfig(journal="memory:"))
     try:
-        assert [service.name for service in app.services] == [SERVICE_NAME]
-        assert SERVICE_NAME == "agentsessions.v1.Sessions"
-        assert app.admin_services == []
+        assert [service.name for service in app.services] == ["agentsessions.v1.Sessions"]
+        assert [service.name for service in app.admin_services] == ["agentsessions.v1.HarnessRegistry"]
     finally:
         await app.close()

@@ -17,9 +17,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from agentsessions.host import server
 from agentsessions.host.app import App, Service
 from agentsessions.host.config import HostConfig
-from agentsessions.host.service import sessions
-from agentsessions.v1 import harness_registry_pb2, harness_registry_pb2_grpc, session_pb2_grpc
+from agentsessions.v1 import harness_registry_pb2, harness_registry_pb2_grpc
 
+SESSIONS = "agentsessions.v1.Sessions"
 REGISTRY = harness_registry_pb2.DESCRIPTOR.services_by_name["HarnessRegistry"].full_name
 
 
@@ -37,6 +37,11 @@ class RegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "test registry")
 
 
+def add_sessions_placeholder(server: aio.Server) -> None:
+    """Sessions by name only: these tests look at listeners, reflection and health, not at RPCs."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SESSIONS, {}),))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -50,14 +55,7 @@ class Recorded:
 
     def app(self) -> App:
         app = App(
-            services=[
-                Service(
-                    sessions.SERVICE_NAME,
-                    functools.partial(
-                        session_pb2_grpc.add_SessionsServicer_to_server, sessions.SessionsServicer()
-                    ),
-                )
-            ],
+            services=[Service(SESSIONS, add_sessions_placeholder)],
             admin_services=[
                 Service(
                     REGISTRY,
