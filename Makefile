@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(VENV)/bin/agentsessions serve $(RUN_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m agentsessions.client.demo
+	$(PY) -m agentsessions.host.demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
