@@ -148,9 +148,7 @@ class ExecutionSink:
             await self._record(
                 common_pb2.Event(
                     kind=K.EVENT_MODEL_CALL,
-                    model=common_pb2.ModelCall(
-                        model=call.model, input_hash=input_hash, id=self._new_id()
-                    ),
+                    model=common_pb2.ModelCall(model=call.model, input_hash=input_hash, id=self._new_id()),
                 )
             )
             result = await self._invoke_model(call)

@@ -168,9 +168,7 @@ class JournalStore(Protocol):
         """The durable executor outcome for (session, idempotency key), if one was recorded."""
         ...
 
-    async def put_tool_receipt(
-        self, uid: str, idempotency_key: str, result: common_pb2.ToolResult
-    ) -> None:
+    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
         """Record an executor outcome once; a second put for the same key keeps the first."""
         ...
 
