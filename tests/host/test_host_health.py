@@ -81,3 +81,15 @@ async def test_watch_of_an_unknown_service_says_service_unknown(grpc_stub: Any) 
     first = await asyncio.wait_for(watch.read(), timeout=30)
     assert first.status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
     watch.cancel()
+
+
+async def test_a_drain_during_a_watch_write_is_still_reported() -> None:
+    # Driven directly so the drain lands exactly while the stream is suspended after a write.
+    servicer = HealthServicer([SESSIONS])
+    await servicer.serving()
+    watch = servicer.Watch(health_pb2.HealthCheckRequest(service=SESSIONS), context=None)
+    assert (await anext(watch)).status == SERVING
+    await servicer.drain()
+    assert (await anext(watch)).status == NOT_SERVING
+    with pytest.raises(StopAsyncIteration):
+        await anext(watch)

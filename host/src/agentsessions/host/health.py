@@ -62,6 +62,8 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             if status != sent:
                 yield health_pb2.HealthCheckResponse(status=status)
                 sent = status
+                # Look again: a drain may have begun while the yield was suspended.
+                continue
             if self._draining:
                 return
             async with self._changed:
