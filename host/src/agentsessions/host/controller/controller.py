@@ -34,7 +34,6 @@ from agentsessions.host.controller.executions import (
     latest_execution,
     legacy_execution_id,
     recorded_effects,
-    split_executions,
 )
 from agentsessions.host.controller.harnesses import HarnessCatalog, ResolvedHarness, describe
 from agentsessions.host.controller.journal_cache import JournalCache
@@ -185,8 +184,7 @@ class Controller:
         return row
 
     async def _executions(self, row: SessionRow) -> tuple[list[common_pb2.Event], list[Execution]]:
-        events = await self.cache.events(row.uid)
-        return events, split_executions(events, row.fork_seq)
+        return await self.cache.executions(row.uid, row.fork_seq)
 
     async def view(self, uid: str) -> SessionView:
         return await self._view(await self._row(uid))

@@ -10,18 +10,29 @@ from agentsessions.host.controller.errors import InvalidExecutionLogError
 from agentsessions.v1 import common_pb2
 
 K = common_pb2.EventKind
-_EXECUTION_KINDS = {
-    K.EVENT_INPUT,
-    K.EVENT_MODEL_CALL,
-    K.EVENT_OUTPUT,
-    K.EVENT_TOOL_CALL,
-    K.EVENT_TOOL_RESULT,
-    K.EVENT_APPROVAL_REQUEST,
-    K.EVENT_APPROVAL_RESULT,
-    K.EVENT_USAGE,
-    K.EVENT_END,
-    K.EVENT_ERROR,
-}
+# Plain ints: attribute lookups on the generated enum wrapper are slow in hot loops.
+_INPUT = int(K.EVENT_INPUT)
+_END = int(K.EVENT_END)
+_ERROR = int(K.EVENT_ERROR)
+_LIFECYCLE = int(K.EVENT_LIFECYCLE)
+_EXECUTION_START = int(K.EVENT_EXECUTION_START)
+_APPROVAL_REQUEST = int(K.EVENT_APPROVAL_REQUEST)
+_APPROVAL_RESULT = int(K.EVENT_APPROVAL_RESULT)
+_EXECUTION_KINDS = frozenset(
+    int(k)
+    for k in (
+        K.EVENT_INPUT,
+        K.EVENT_MODEL_CALL,
+        K.EVENT_OUTPUT,
+        K.EVENT_TOOL_CALL,
+        K.EVENT_TOOL_RESULT,
+        K.EVENT_APPROVAL_REQUEST,
+        K.EVENT_APPROVAL_RESULT,
+        K.EVENT_USAGE,
+        K.EVENT_END,
+        K.EVENT_ERROR,
+    )
+)
 
 
 @dataclass
@@ -63,68 +74,89 @@ def legacy_execution_id(session: str, seq: int, content_hash: str) -> str:
     return "legacy-" + digest
 
 
-def split_executions(events: list[common_pb2.Event], fork_seq: int = 0) -> list[Execution]:
-    """Group a session's events into executions in first-seen order.
+class ExecutionIndex:
+    """Executions of one session, built incrementally as records are appended.
 
     Modern turns are keyed by execution id and open with EXECUTION_START. Id-less execution
     records (the v0.1.2 writer) form legacy turns that end at END or ERROR; once a modern
-    record appears, later id-less execution records make the log invalid.
+    record appears, later id-less execution records make the log invalid. Feeding only the
+    new records keeps per-turn bookkeeping flat as a session grows.
     """
-    by_id: dict[str, Execution] = {}
-    order: list[Execution] = []
-    legacy: Execution | None = None
-    modern_seen = False
-    for index, ev in enumerate(events):
-        if ev.kind == K.EVENT_LIFECYCLE:
-            continue
-        if ev.kind == K.EVENT_EXECUTION_START:
+
+    def __init__(self, fork_seq: int = 0) -> None:
+        self.fork_seq = fork_seq
+        self.order: list[Execution] = []
+        self.count = 0  # records fed so far
+        self._by_id: dict[str, Execution] = {}
+        self._legacy: Execution | None = None
+        self._modern_seen = False
+
+    def feed(self, events: list[common_pb2.Event]) -> None:
+        """Index ``events[self.count:]``."""
+        for index in range(self.count, len(events)):
+            self._add(index, events[index])
+            self.count = index + 1
+
+    def _add(self, index: int, ev: common_pb2.Event) -> None:
+        kind = ev.kind
+        if kind == _LIFECYCLE:
+            return
+        if kind == _EXECUTION_START:
             if not ev.execution_id:
                 raise InvalidExecutionLogError(f"record {index + 1}: EXECUTION_START without execution_id")
-            if ev.execution_id in by_id:
+            if ev.execution_id in self._by_id:
                 raise InvalidExecutionLogError(
                     f"record {index + 1}: execution {ev.execution_id} started twice"
                 )
-            modern_seen = True
-            legacy = None
-            ex = Execution(ev.execution_id, False, index, ev.execution_start, indexes=[index])
-            by_id[ev.execution_id] = ex
-            order.append(ex)
-            continue
-        if ev.kind not in _EXECUTION_KINDS:
-            continue
+            self._modern_seen = True
+            self._legacy = None
+            ex = Execution(ev.execution_id, False, index, ev.execution_start)
+            self._by_id[ev.execution_id] = ex
+            self.order.append(ex)
+            self._attach(ex, index, kind, ev)
+            return
+        if kind not in _EXECUTION_KINDS:
+            return
         if ev.execution_id:
-            modern_seen = True
-            legacy = None
-            ex_or_none = by_id.get(ev.execution_id)
-            if ex_or_none is None:
-                ex_or_none = Execution(ev.execution_id, False, index, None)
-                by_id[ev.execution_id] = ex_or_none
-                order.append(ex_or_none)
-            _attach(ex_or_none, index, ev)
-            continue
-        if ev.kind in (K.EVENT_APPROVAL_REQUEST, K.EVENT_APPROVAL_RESULT):
+            self._modern_seen = True
+            self._legacy = None
+            found = self._by_id.get(ev.execution_id)
+            if found is None:
+                found = Execution(ev.execution_id, False, index, None)
+                self._by_id[ev.execution_id] = found
+                self.order.append(found)
+            self._attach(found, index, kind, ev)
+            return
+        if kind in (_APPROVAL_REQUEST, _APPROVAL_RESULT):
             raise InvalidExecutionLogError(f"record {index + 1}: approval record without execution_id")
-        if modern_seen:
+        if self._modern_seen:
             raise InvalidExecutionLogError(
-                f"record {index + 1}: {K.Name(ev.kind)} without execution_id after a modern execution"
+                f"record {index + 1}: {K.Name(kind)} without execution_id after a modern execution"
             )
-        if legacy is None or legacy.completed:
-            legacy = Execution("", True, index, None)
-            order.append(legacy)
-        _attach(legacy, index, ev)
-    for ex in order:
-        ex.inherited = fork_seq > 0 and all(i < fork_seq for i in ex.indexes)
-    return order
+        if self._legacy is None or self._legacy.completed:
+            self._legacy = Execution("", True, index, None)
+            self.order.append(self._legacy)
+        self._attach(self._legacy, index, kind, ev)
+
+    def _attach(self, ex: Execution, index: int, kind: int, ev: common_pb2.Event) -> None:
+        if not ex.indexes:
+            ex.inherited = index < self.fork_seq
+        elif index >= self.fork_seq:
+            ex.inherited = False
+        ex.indexes.append(index)
+        if kind == _INPUT:
+            ex.inputs.append(ev.message)
+        elif kind == _END:
+            ex.end_index = index
+        elif kind == _ERROR:
+            ex.error_indexes.append(index)
 
 
-def _attach(ex: Execution, index: int, ev: common_pb2.Event) -> None:
-    ex.indexes.append(index)
-    if ev.kind == K.EVENT_INPUT:
-        ex.inputs.append(ev.message)
-    elif ev.kind == K.EVENT_END:
-        ex.end_index = index
-    elif ev.kind == K.EVENT_ERROR:
-        ex.error_indexes.append(index)
+def split_executions(events: list[common_pb2.Event], fork_seq: int = 0) -> list[Execution]:
+    """Group a session's events into executions in first-seen order (see ExecutionIndex)."""
+    index = ExecutionIndex(fork_seq)
+    index.feed(events)
+    return index.order
 
 
 def latest_execution(executions: list[Execution]) -> Execution | None:

@@ -1,62 +1,86 @@
-"""A bounded per-session cache of decoded journal events, refreshed from the store's head.
+"""A bounded per-session cache of decoded journal events and their execution index, refreshed
+from the store's head.
 
-Exec hands the harness the whole history every turn; re-reading and re-decoding every
-record each turn would make turn cost grow with the session. The store stays the authority:
-every load checks the head and reads only what is new, and a head that does not extend the
-cached chain (another writer, a purge) drops the entry.
+Exec hands the harness the whole history every turn and inspects the latest execution; re-reading,
+re-decoding and re-indexing every record each turn would make turn cost grow with the session.
+The store stays the authority: every load checks the head and reads only what is new, and a head
+that does not extend the cached chain (another writer, a purge) drops the entry.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
+from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2
+
+
+@dataclass
+class _Entry:
+    events: list[common_pb2.Event]
+    last_hash: str
+    index: ExecutionIndex | None = field(default=None)
 
 
 class JournalCache:
     def __init__(self, store: JournalStore, max_sessions: int = 256) -> None:
         self._store = store
         self._max = max_sessions
-        self._entries: OrderedDict[str, tuple[list[common_pb2.Event], str]] = OrderedDict()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     async def events(self, uid: str) -> list[common_pb2.Event]:
         """Every event of the session in seq order (the list is shared: do not mutate it)."""
+        return (await self._entry(uid)).events
+
+    async def executions(self, uid: str, fork_seq: int) -> tuple[list[common_pb2.Event], list[Execution]]:
+        """The events and their executions in first-seen order (InvalidExecutionLogError if malformed)."""
+        entry = await self._entry(uid)
+        if entry.index is None or entry.index.fork_seq != fork_seq:
+            entry.index = ExecutionIndex(fork_seq)
+        try:
+            entry.index.feed(entry.events)
+        except Exception:
+            entry.index = None
+            raise
+        return entry.events, entry.index.order
+
+    async def _entry(self, uid: str) -> _Entry:
         head = await self._store.head(uid)
         entry = self._entries.get(uid)
         if entry is not None:
-            events, last_hash = entry
-            if len(events) == head.seq and last_hash == head.hash:
+            if len(entry.events) == head.seq and entry.last_hash == head.hash:
                 self._entries.move_to_end(uid)
-                return events
-            if len(events) < head.seq:
-                fresh = await self._store.read(uid, len(events) + 1, 0)
-                if fresh and fresh[0].prev_hash == last_hash:
-                    events.extend(r.event for r in fresh)
-                    self._remember(uid, events, fresh[-1].content_hash)
-                    return events
+                return entry
+            if len(entry.events) < head.seq:
+                fresh = await self._store.read(uid, len(entry.events) + 1, 0)
+                if fresh and fresh[0].prev_hash == entry.last_hash:
+                    entry.events.extend(r.event for r in fresh)
+                    entry.last_hash = fresh[-1].content_hash
+                    self._entries.move_to_end(uid)
+                    return entry
         records = await self._store.read(uid, 1, 0)
-        events = [r.event for r in records]
-        self._remember(uid, events, records[-1].content_hash if records else "")
-        return events
+        entry = _Entry([r.event for r in records], records[-1].content_hash if records else "")
+        self._remember(uid, entry)
+        return entry
 
     def appended(self, uid: str, records: list[common_pb2.LogRecord]) -> None:
         """Extend a cached entry with records this host just made durable."""
         entry = self._entries.get(uid)
         if entry is None or not records:
             return
-        events, last_hash = entry
-        if records[0].prev_hash != last_hash or records[0].seq != len(events) + 1:
+        if records[0].prev_hash != entry.last_hash or records[0].seq != len(entry.events) + 1:
             del self._entries[uid]
             return
-        events.extend(r.event for r in records)
-        self._entries[uid] = (events, records[-1].content_hash)
+        entry.events.extend(r.event for r in records)
+        entry.last_hash = records[-1].content_hash
 
     def forget(self, uid: str) -> None:
         self._entries.pop(uid, None)
 
-    def _remember(self, uid: str, events: list[common_pb2.Event], last_hash: str) -> None:
-        self._entries[uid] = (events, last_hash)
+    def _remember(self, uid: str, entry: _Entry) -> None:
+        self._entries[uid] = entry
         self._entries.move_to_end(uid)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
