@@ -165,7 +165,9 @@ def text_event(text: str) -> common_pb2.Event:
 
 
 def record_text(record: common_pb2.LogRecord) -> str:
-    return record.event.message.parts[0].text.text
+    """The text of an INPUT record; "" for records without a message (such as markers)."""
+    parts = record.event.message.parts
+    return parts[0].text.text if parts else ""
 
 
 async def test_processes_racing_for_one_seq_exactly_one_wins(
@@ -416,3 +418,136 @@ async def test_import_records_is_all_or_nothing(store: PostgresStore) -> None:
         await store.import_records(SessionRow(uid="sess-broken", project="p"), broken)
     assert await store.get_session("sess-broken") is None
     assert await store.read("sess-broken") == []
+
+
+# -- forks share their parent's prefix --------------------------------------------------------
+
+
+def fork_marker(at_seq: int) -> common_pb2.Event:
+    return common_pb2.Event(
+        kind=common_pb2.EVENT_LIFECYCLE,
+        lifecycle=common_pb2.Lifecycle(kind=common_pb2.Lifecycle.LIFECYCLE_FORK, detail=f"parent@{at_seq}"),
+    )
+
+
+async def stored_row_count(url: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM events"))
+    finally:
+        await conn.close()
+
+
+async def test_fork_children_share_the_prefix_instead_of_copying(store: PostgresStore, pg_url: str) -> None:
+    await store.create_session(SessionRow(uid="root", project="p"))
+    parent = await store.append("root", [text_event(f"r{i}") for i in range(100)], expected_head=0, fence=0)
+    children = [SessionRow(uid=f"kid{i}", project="p") for i in range(32)]
+    await store.fork("root", 60, children, fork_marker(60))
+    # 100 parent rows plus one FORK marker per child: the prefix is not copied.
+    assert await stored_row_count(pg_url) == 100 + 32
+    for child in ("kid0", "kid31"):
+        records = await store.read(child)
+        assert records[:60] == parent[:60]
+        assert records[60].prev_hash == parent[59].content_hash
+        assert await store.verify(child) == 61
+        assert [r.seq for r in await store.read(child, 59, 61)] == [59, 60, 61]
+    # The parent moves on; its children do not see it.
+    await store.append("root", [text_event("later")], expected_head=100, fence=0)
+    assert (await store.head("kid0")).seq == 61
+    assert len(await store.read("kid0")) == 61
+
+
+async def test_fork_of_a_fork_resolves_through_every_ancestor(store: PostgresStore) -> None:
+    await store.create_session(SessionRow(uid="g", project="p"))
+    await store.append("g", [text_event(f"g{i}") for i in range(10)], expected_head=0, fence=0)
+    await store.fork("g", 6, [SessionRow(uid="p1", project="p")], fork_marker(6))
+    await store.append("p1", [text_event(f"p{i}") for i in range(5)], expected_head=7, fence=0)
+    # Past the parent's own base: shares from p1, which shares from g.
+    await store.fork("p1", 10, [SessionRow(uid="c1", project="p")], fork_marker(10))
+    # Within the parent's base: taken straight from g.
+    await store.fork("p1", 4, [SessionRow(uid="c2", project="p")], fork_marker(4))
+    c1 = await store.read("c1")
+    assert [record_text(r) for r in c1[:10]] == [*(f"g{i}" for i in range(6)), "", "p0", "p1", "p2"]
+    assert c1[:10] == (await store.read("p1"))[:10]
+    assert await store.verify("c1") == 11
+    c2 = await store.read("c2")
+    assert c2[:4] == (await store.read("g"))[:4]
+    assert await store.verify("c2") == 5
+
+
+async def test_purging_a_parent_keeps_its_children_whole(store: PostgresStore) -> None:
+    await store.create_session(SessionRow(uid="g", project="p"))
+    await store.append("g", [text_event(f"g{i}") for i in range(8)], expected_head=0, fence=0)
+    await store.fork("g", 5, [SessionRow(uid="mid", project="p")], fork_marker(5))
+    await store.append("mid", [text_event(f"m{i}") for i in range(4)], expected_head=6, fence=0)
+    await store.fork("mid", 9, [SessionRow(uid="leaf", project="p")], fork_marker(9))
+    await store.fork("mid", 3, [SessionRow(uid="early", project="p")], fork_marker(3))
+    before = {uid: await store.read(uid) for uid in ("mid", "leaf", "early")}
+
+    await store.delete_session("mid", purge=True)
+    assert await store.read("mid") == []
+    assert (await store.head("mid")).seq == 0
+    for uid in ("leaf", "early"):
+        assert await store.read(uid) == before[uid]
+        assert await store.verify(uid) == len(before[uid])
+
+    await store.delete_session("g", purge=True)
+    assert await store.read("g") == []
+    for uid in ("leaf", "early"):
+        assert await store.read(uid) == before[uid]
+        assert await store.verify(uid) == len(before[uid])
+
+
+async def test_tampering_a_shared_prefix_is_caught_in_every_child(store: PostgresStore, pg_url: str) -> None:
+    await store.create_session(SessionRow(uid="root", project="p"))
+    await store.append("root", [text_event(f"r{i}") for i in range(6)], expected_head=0, fence=0)
+    await store.fork(
+        "root", 4, [SessionRow(uid="a", project="p"), SessionRow(uid="b", project="p")], fork_marker(4)
+    )
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("UPDATE events SET hash = repeat('f', 64) WHERE session = 'root' AND seq = 2")
+    finally:
+        await conn.close()
+    for uid in ("root", "a", "b"):
+        with pytest.raises(TamperedError) as caught:
+            await store.verify(uid)
+        assert caught.value.seq == 2
+
+
+# -- schema upgrades -------------------------------------------------------------------------
+
+
+async def downgrade_to_version_1(url: str) -> None:
+    """Turn a fresh journal into what migration 1 alone created."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("DROP INDEX sessions_base")
+        await conn.execute("ALTER TABLE sessions DROP COLUMN base_uid, DROP COLUMN base_seq")
+        await conn.execute("DELETE FROM schema_migrations WHERE version > 1")
+    finally:
+        await conn.close()
+
+
+async def test_a_version_1_journal_is_upgraded_in_place(pg_url: str) -> None:
+    first = await PostgresStore.open(pg_url)
+    await first.close()
+    await downgrade_to_version_1(pg_url)
+    conn = await asyncpg.connect(pg_url)
+    try:
+        # A version-1 writer copied fork prefixes; such rows must read back unchanged.
+        await conn.execute(
+            "INSERT INTO sessions (uid, project, created_at, updated_at) VALUES ('old', 'p', 1, 1)"
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaError, match="version 2 is missing"):
+        await PostgresStore.open(pg_url, migrate=False)
+    upgraded = await PostgresStore.open(pg_url)
+    try:
+        assert await upgraded.schema_version() == postgres.SCHEMA_VERSION
+        await upgraded.append("old", [text_event("after upgrade")], expected_head=0, fence=0)
+        await upgraded.fork("old", 1, [SessionRow(uid="new", project="p")], fork_marker(1))
+        assert await upgraded.verify("new") == 2
+    finally:
+        await upgraded.close()

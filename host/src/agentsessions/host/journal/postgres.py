@@ -5,6 +5,10 @@ append locks the session row (``SELECT ... FOR UPDATE``) before comparing the he
 fence, and the ``(session, seq)`` primary key backs that up. Concurrent appends from this
 process are grouped: one transaction per flush carries every queued append, so one commit
 (one WAL flush) makes a whole batch durable.
+
+A fork child does not copy its parent's prefix: its records 1..fork_seq are read through the
+parent (spec 3.1 still holds for what ``read`` returns: identical records, identical hashes).
+Purging a session first copies into its children the rows they share with it.
 """
 
 from __future__ import annotations
@@ -130,6 +134,20 @@ MIGRATIONS: Final[tuple[_Migration, ...]] = (
                 PRIMARY KEY (session, idempotency_key)
             )
             """,
+        ),
+    ),
+    _Migration(
+        2,
+        "fork children share their parent's prefix instead of copying it",
+        (
+            # Records 1..base_seq of a session are those of base_uid (resolved recursively);
+            # the events table holds only the session's own records, seq > base_seq.
+            """
+            ALTER TABLE sessions
+                ADD COLUMN base_uid TEXT NOT NULL DEFAULT '',
+                ADD COLUMN base_seq BIGINT NOT NULL DEFAULT 0
+            """,
+            "CREATE INDEX sessions_base ON sessions (base_uid) WHERE base_uid <> ''",
         ),
     ),
 )
@@ -268,6 +286,24 @@ _APPEND_ROWS: Final = """
     FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[])
         AS u(uid, last_seq, last_hash, compute_state)
     WHERE s.uid = u.uid
+"""
+
+# A session's records: its own rows above base_seq, then (recursively) rows 1..base_seq of its
+# base. Each step owns the rows in (lo, hi]; hi is NULL (unbounded) for the session itself, so
+# rows stored beyond the head are still seen (and caught by verify).
+_RESOLVED: Final = """
+    WITH RECURSIVE segment (uid, base_uid, lo, hi, depth) AS (
+        SELECT uid, base_uid, base_seq, NULL::bigint, 0 FROM sessions WHERE uid = $1
+        UNION ALL
+        SELECT p.uid, p.base_uid, LEAST(p.base_seq, seg.lo), seg.lo, seg.depth + 1
+        FROM segment AS seg JOIN sessions AS p ON p.uid = seg.base_uid
+        WHERE seg.lo > 0 AND seg.base_uid <> '' AND seg.depth < 10000
+    )
+    SELECT e.seq, e.prev_hash, e.hash, e.fence, e.event
+    FROM segment AS seg
+    JOIN events AS e ON e.session = seg.uid AND e.seq > seg.lo AND (seg.hi IS NULL OR e.seq <= seg.hi)
+    WHERE e.seq >= $2 AND ($3::bigint = 0 OR e.seq <= $3::bigint)
+    ORDER BY e.seq
 """
 
 _SESSION_COLUMNS: Final = (
@@ -441,7 +477,12 @@ class PostgresStore:
             if rec is None:
                 raise SessionNotFoundError(f"session {uid} not found")
             if purge:
-                await conn.execute("UPDATE sessions SET last_seq = 0, last_hash = '' WHERE uid = $1", uid)
+                await _unshare(conn, uid)
+                await conn.execute(
+                    "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 "
+                    "WHERE uid = $1",
+                    uid,
+                )
                 await conn.execute("DELETE FROM events WHERE session = $1", uid)
                 await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
         return _row_from_record(rec)
@@ -620,25 +661,7 @@ class PostgresStore:
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
         start = max(1, from_seq)
         async with self._conn("read") as conn:
-            if to_seq > 0:
-                recs = await conn.fetch(
-                    """
-                    SELECT seq, prev_hash, hash, fence, event FROM events
-                    WHERE session = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq
-                    """,
-                    uid,
-                    start,
-                    to_seq,
-                )
-            else:
-                recs = await conn.fetch(
-                    """
-                    SELECT seq, prev_hash, hash, fence, event FROM events
-                    WHERE session = $1 AND seq >= $2 ORDER BY seq
-                    """,
-                    uid,
-                    start,
-                )
+            recs = await conn.fetch(_RESOLVED, uid, start, max(0, to_seq))
         return [_log_record(r) for r in recs]
 
     async def head(self, uid: str) -> Head:
@@ -653,11 +676,7 @@ class PostgresStore:
         prev = ""
         async with self._conn("verify") as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             head = await conn.fetchrow("SELECT last_seq, last_hash FROM sessions WHERE uid = $1", uid)
-            cursor = conn.cursor(
-                "SELECT seq, prev_hash, hash, event FROM events WHERE session = $1 ORDER BY seq",
-                uid,
-                prefetch=VERIFY_CHUNK,
-            )
+            cursor = conn.cursor(_RESOLVED, uid, 1, 0, prefetch=VERIFY_CHUNK)
             async for r in cursor:
                 seq = int(r["seq"])
                 checked += 1
@@ -698,9 +717,13 @@ class PostgresStore:
         marker = normalize_event(marker)
         marker_payload = marker.SerializeToString(deterministic=True)
         async with self._conn("fork") as conn, conn.transaction():
-            # FOR SHARE keeps the parent's head still while its prefix is copied.
+            # FOR SHARE: the parent cannot be deleted or purged while children come to share
+            # its prefix (appends beyond at_seq do not matter: the prefix never changes).
             parent = await conn.fetchrow(
-                "SELECT last_seq FROM sessions WHERE uid = $1 AND deleted_at IS NULL FOR SHARE",
+                """
+                SELECT last_seq, base_uid, base_seq FROM sessions
+                WHERE uid = $1 AND deleted_at IS NULL FOR SHARE
+                """,
                 parent_uid,
             )
             if parent is None:
@@ -710,11 +733,17 @@ class PostgresStore:
                 raise ConflictError(f"fork at_seq {at_seq} is beyond head {head} of session {parent_uid}")
             prev = ""
             if at_seq > 0:
-                prev = str(
-                    await conn.fetchval(
-                        "SELECT hash FROM events WHERE session = $1 AND seq = $2", parent_uid, at_seq
-                    )
-                )
+                found = await conn.fetchrow(_RESOLVED, parent_uid, at_seq, at_seq)
+                if found is None:
+                    raise TamperedError(parent_uid, at_seq, "record is missing")
+                prev = str(found["hash"])
+            # Children share the prefix instead of copying it. A prefix that lies wholly in
+            # the parent's own base is taken from there, keeping base chains short.
+            base_uid = parent_uid
+            if 0 < at_seq <= int(parent["base_seq"]):
+                base_uid = str(parent["base_uid"])
+            if at_seq == 0:
+                base_uid = ""
             marker_seq = at_seq + 1
             digest = chain_hash(canonical_event(marker), prev, marker_seq)
             marker_state = project_compute_state(COMPUTE_NONE, marker)
@@ -739,8 +768,8 @@ class PostgresStore:
                     """
                     INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
                         origin, identity, parent_uid, fork_seq, created_at, updated_at,
-                        compute_state, last_seq, last_hash)
-                    SELECT u.*, $13, $14, $15, $16 FROM unnest(
+                        compute_state, last_seq, last_hash, base_uid, base_seq)
+                    SELECT u.*, $13, $14, $15, $16, $17, $18 FROM unnest(
                         $1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
                         $7::jsonb[], $8::bytea[], $9::bytea[], $10::text[], $11::bigint[], $12::bigint[]
                     ) AS u
@@ -751,21 +780,11 @@ class PostgresStore:
                     marker_state,
                     marker_seq,
                     digest,
+                    base_uid,
+                    at_seq,
                 )
             except asyncpg.UniqueViolationError:
                 raise SessionExistsError("a fork child uid was taken concurrently") from None
-            if at_seq > 0:
-                await conn.execute(
-                    """
-                    INSERT INTO events (session, seq, prev_hash, hash, fence, event)
-                    SELECT c.uid, e.seq, e.prev_hash, e.hash, e.fence, e.event
-                    FROM events AS e CROSS JOIN unnest($2::text[]) AS c(uid)
-                    WHERE e.session = $1 AND e.seq <= $3
-                    """,
-                    parent_uid,
-                    uids,
-                    at_seq,
-                )
             n = len(uids)
             await conn.execute(
                 _INSERT_EVENTS,
@@ -896,6 +915,39 @@ _RETRYABLE: Final = (
     asyncpg.DeadlockDetectedError,
     asyncpg.SerializationError,
 )
+
+
+async def _unshare(conn: Any, uid: str) -> None:
+    """Before ``uid``'s own rows are dropped, copy the part each session based on it shares
+    into that session, and rebase it onto ``uid``'s own base."""
+    owner = await conn.fetchrow("SELECT base_uid, base_seq FROM sessions WHERE uid = $1", uid)
+    dependents = await conn.fetch(
+        "SELECT uid, base_seq FROM sessions WHERE base_uid = $1 ORDER BY uid FOR UPDATE", uid
+    )
+    if owner is None or not dependents:
+        return
+    own_from = int(owner["base_seq"])
+    await conn.execute(
+        """
+        INSERT INTO events (session, seq, prev_hash, hash, fence, event)
+        SELECT d.uid, e.seq, e.prev_hash, e.hash, e.fence, e.event
+        FROM sessions AS d JOIN events AS e ON e.session = $1 AND e.seq > $2 AND e.seq <= d.base_seq
+        WHERE d.base_uid = $1
+        """,
+        uid,
+        own_from,
+    )
+    await conn.execute(
+        """
+        UPDATE sessions
+        SET base_seq = LEAST(base_seq, $2),
+            base_uid = CASE WHEN LEAST(base_seq, $2) > 0 THEN $3 ELSE '' END
+        WHERE base_uid = $1
+        """,
+        uid,
+        own_from,
+        str(owner["base_uid"]),
+    )
 
 
 async def _reset_connection(conn: Any) -> None:
