@@ -79,8 +79,9 @@ def build_model(config: HostConfig) -> ModelProvider:
     )
 
 
-async def build_app(config: HostConfig) -> App:
-    app = App(services=[])
+async def build_controller(config: HostConfig, app: App) -> Controller:
+    """The journal store, harness catalog, model, tools and controller ``config`` describes, with
+    no server; their release steps go on ``app``. ``serve`` and ``agentsessions replay`` share it."""
     store = await open_store(config.journal)
     app.on_close(store.close)
 
@@ -118,6 +119,12 @@ async def build_app(config: HostConfig) -> App:
         purge_on_delete=config.purge_on_delete,
     )
     app.controller = controller
+    return controller
+
+
+async def build_app(config: HostConfig) -> App:
+    app = App(services=[])
+    controller = await build_controller(config, app)
     sessions_servicer = sessions.SessionsServicer(controller)
     app.services.append(
         Service(
@@ -125,7 +132,7 @@ async def build_app(config: HostConfig) -> App:
             functools.partial(session_pb2_grpc.add_SessionsServicer_to_server, sessions_servicer),
         )
     )
-    registry_servicer = registry.HarnessRegistryServicer(catalog)
+    registry_servicer = registry.HarnessRegistryServicer(controller.catalog)
     app.admin_services.append(
         Service(
             registry.SERVICE_NAME,

@@ -199,38 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"on SIGTERM/SIGINT, how long in-flight calls may finish (env {env}DRAIN_GRACE; "
         f"default {DEFAULT_DRAIN_GRACE_SECONDS:g})",
     )
-    parser.add_argument(
-        "--harness",
-        action="append",
-        metavar="NAME=ADDRESS",
-        help="remote harness, repeatable; ADDRESS is host:port, dns:///host:port, dns://resolver/host:port, "
-        f"unix:path or unix:///abs/path (env {env}HARNESS, comma-separated)",
-    )
+    add_harness_arguments(parser)
     parser.add_argument(
         "--registry-addr",
         metavar="IP:PORT",
         help=f"literal loopback IP:port for a separate HarnessRegistry server (env {env}REGISTRY_ADDR)",
     )
-    parser.add_argument(
-        "--model", metavar="ID", help=f"model id; empty means the built-in echo model (env {env}MODEL)"
-    )
-    parser.add_argument(
-        "--model-base-url",
-        metavar="URL",
-        help=f"OpenAI-compatible base URL (env {env}MODEL_BASE_URL; default {DEFAULT_MODEL_BASE_URL})",
-    )
-    parser.add_argument(
-        "--model-path",
-        metavar="PATH",
-        help=f"completions path under the base URL (env {env}MODEL_PATH; default {DEFAULT_MODEL_PATH})",
-    )
-    parser.add_argument(
-        "--model-auth-header",
-        metavar="HEADER",
-        help=f"header carrying the key from ${MODEL_API_KEY_VARIABLES[0]}; "
-        f"Authorization sends 'Bearer <key>' "
-        f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--tool-executor",
         action="append",
@@ -255,6 +230,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"DeleteSession also drops the session's journal rows "
         f"(env {env}PURGE_ON_DELETE; default: keep them)",
+    )
+
+
+def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--harness NAME=ADDRESS`` (repeatable), shared by ``serve`` and ``replay``."""
+    env = ENV_PREFIX
+    parser.add_argument(
+        "--harness",
+        action="append",
+        metavar="NAME=ADDRESS",
+        help="remote harness, repeatable; ADDRESS is host:port, dns:///host:port, dns://resolver/host:port, "
+        f"unix:path or unix:///abs/path (env {env}HARNESS, comma-separated)",
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model provider flags, shared by ``serve`` and ``replay``."""
+    env = ENV_PREFIX
+    parser.add_argument(
+        "--model", metavar="ID", help=f"model id; empty means the built-in echo model (env {env}MODEL)"
+    )
+    parser.add_argument(
+        "--model-base-url",
+        metavar="URL",
+        help=f"OpenAI-compatible base URL (env {env}MODEL_BASE_URL; default {DEFAULT_MODEL_BASE_URL})",
+    )
+    parser.add_argument(
+        "--model-path",
+        metavar="PATH",
+        help=f"completions path under the base URL (env {env}MODEL_PATH; default {DEFAULT_MODEL_PATH})",
+    )
+    parser.add_argument(
+        "--model-auth-header",
+        metavar="HEADER",
+        help=f"header carrying the key from ${MODEL_API_KEY_VARIABLES[0]}; "
+        f"Authorization sends 'Bearer <key>' "
+        f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
     )
 
 
