@@ -542,10 +542,17 @@ class Controller:
     ) -> session_pb2.Session | None:
         """Re-drive an interrupted execution from the journal (spec 4.4)."""
         events = await self.cache.events(row.uid)
+        effects, usage = recorded_effects(events, ex)
+        if ex.legacy and effects and effects[-1].kind == "model" and effects[-1].reply is None:
+            # The v0.1.2 writer lost this completion and a legacy turn is never re-driven past its
+            # MODEL_CALL (spec 4.9): a log-shape refusal, before the harness runs or anything is written.
+            raise InvalidExecutionLogError(
+                f"legacy turn at seq {ex.first_index + 1}: recorded completion missing "
+                "(MODEL_CALL without OUTPUT)"
+            )
         start, resolved = await self._reconstruct(row, ex, events)
         if fence is None:
             fence = await self.store.new_fence(row.uid)
-        effects, usage = recorded_effects(events, ex)
         writer = self._writer(
             row.uid, fence, len(events), obs.record if obs else None, strip_execution_id=ex.legacy
         )
