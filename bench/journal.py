@@ -312,6 +312,11 @@ async def measure_backend(backend: Backend, sizes: Sizes, report: Report) -> Non
                 forked = await store.fork(parent, prefix, children, fork_marker(prefix))
             assert len(forked) == FORK_CHILDREN and all(r.last_seq == prefix + 1 for r in forked)
             report.put(name, f"fork_32_children_prefix_{prefix}_s", elapsed())
+            # What a replay of a child costs to read (a store may share the prefix, not copy it).
+            with timer() as elapsed:
+                records = await store.read(children[-1].uid)
+            assert len(records) == prefix + 1
+            report.put(name, f"read_fork_child_prefix_{prefix}_events_s", len(records) / elapsed())
     finally:
         await store.close()
         await backend.cleanup()
@@ -454,7 +459,7 @@ def _fmt(value: float | None, unit: str) -> str:
     if unit == "s":
         return f"{value * 1000:,.1f} ms"
     if unit == "x":
-        return f"{value:.2f}x"
+        return f"{value:.2f}x" if value >= 0.1 else f"{value:.4f}x"
     return f"{value:,.0f}/s"
 
 
@@ -491,7 +496,7 @@ def print_report(
 
 
 def _metric_order(metric: str) -> tuple[int, str]:
-    for i, head in enumerate(("append_1", "append_64", "verify", "fork")):
+    for i, head in enumerate(("append_1", "append_64", "verify", "fork", "read_fork")):
         if metric.startswith(head):
             return i, metric
     return 9, metric
