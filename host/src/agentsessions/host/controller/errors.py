@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from agentsessions.sdk.errors import ToolCallRejectedError
+
 
 class ControllerError(Exception):
     """Base class of controller errors."""
@@ -46,6 +48,10 @@ class InvalidExecutionLogError(FailedPreconditionError):
 
 class IncompleteInvocationError(InvalidExecutionLogError):
     """The interrupted turn's inputs were only partly committed; Exec again with all inputs."""
+
+
+class InvalidApprovalCallError(FailedPreconditionError, ToolCallRejectedError):
+    """A REQUIRES_APPROVAL call is refused before intent (no key, bad arguments, ...)."""
 
 
 class InheritedToolIntentError(InvalidExecutionLogError):

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
-from agentsessions.host.controller.tools import ToolInvoker, check_reported_result
+from agentsessions.host.controller.tools import ToolInvoker, check_host_call, check_reported_result
 from agentsessions.host.models.provider import ModelProvider
-from agentsessions.host.tools.args import validate_tool_call
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
@@ -210,7 +209,7 @@ class ExecutionSink:
     async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         async with self._lock:
             self._check_open()
-            validate_tool_call(call)
+            check_host_call(call)
             effect = self._next_recorded("tool")
             if effect is None:
                 return await self._live_tool_call(call)
