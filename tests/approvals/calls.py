@@ -6,8 +6,10 @@ import json
 from typing import Any
 
 from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.models.echo import EchoModel
+from agentsessions.host.models.provider import DeltaCallback
 from agentsessions.host.tools import CallableTool, PythonCallableExecutor, ToolContext, ToolRegistry
-from agentsessions.v1 import common_pb2, session_pb2
+from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 from tests.support.host import HostUnderTest, text_input
 
 K = common_pb2.EventKind
@@ -113,3 +115,17 @@ class StampTool:
 
 def config(**document: Any) -> bytes:
     return json.dumps(document).encode()
+
+
+class CountingEcho(EchoModel):
+    """The echo model, counting provider invocations (replay must make none, I1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.invocations = 0
+
+    async def complete(
+        self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
+    ) -> harness_pb2.ModelResult:
+        self.invocations += 1
+        return await super().complete(call, on_delta)
