@@ -137,8 +137,12 @@ class HostConfig:
             model_path=pick("model_path", DEFAULT_MODEL_PATH),
             model_auth_header=pick("model_auth_header", DEFAULT_MODEL_AUTH_HEADER),
             model_api_key=next((environ[v] for v in MODEL_API_KEY_VARIABLES if environ.get(v)), ""),
-            tool_executors=list(getattr(args, "tool_executor", None) or []),
-            mcp_servers=list(getattr(args, "mcp_server", None) or []),
+            tool_executors=_split(
+                getattr(args, "tool_executor", None) or [], environ.get(ENV_PREFIX + "TOOL_EXECUTOR")
+            ),
+            mcp_servers=_split(
+                getattr(args, "mcp_server", None) or [], environ.get(ENV_PREFIX + "MCP_SERVER"), sep=";"
+            ),
             tools_files=_split(
                 getattr(args, "tools_config", None) or [], environ.get(ENV_PREFIX + "TOOLS_CONFIG")
             ),
@@ -148,10 +152,11 @@ class HostConfig:
         )
 
 
-def _split(flags: Sequence[str], env_value: str | None) -> list[str]:
+def _split(flags: Sequence[str], env_value: str | None, sep: str = ",") -> list[str]:
+    """A repeatable flag's values, else its environment variable split on ``sep``."""
     if flags:
         return list(flags)
-    return [item for item in (env_value or "").split(",") if item.strip()]
+    return [item.strip() for item in (env_value or "").split(sep) if item.strip()]
 
 
 def _flag(flag: bool | None, env_value: str | None) -> bool:
@@ -210,13 +215,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tool-executor",
         action="append",
         metavar="python:MODULE:FUNC[=NAME]",
-        help="host-run tool backed by a Python function, repeatable",
+        help=f"host-run tool backed by a Python function, repeatable "
+        f"(env {env}TOOL_EXECUTOR, comma-separated)",
     )
     parser.add_argument(
         "--mcp-server",
         action="append",
         metavar="NAME='CMD ARGS'",
-        help="MCP server over stdio whose tools the host runs, repeatable",
+        help=f"MCP server over stdio whose tools the host runs, repeatable "
+        f"(env {env}MCP_SERVER, semicolon-separated)",
     )
     parser.add_argument(
         "--tools-config",
