@@ -8,7 +8,6 @@ output, an effect left unconsumed) is a divergence that the operator command nam
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.controller.errors import ReplayDivergedError
-from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
@@ -25,17 +23,8 @@ from agentsessions.v1 import common_pb2
 from tests.durability.commands import agentsessions
 from tests.durability.harnesses import TunableHarness, TwoCallChat, served
 from tests.durability.models import CountingModel, RandomModelServer
-from tests.durability.wire import K, chain, kinds, new_session, records, say, text_of
+from tests.durability.wire import K, chain, journal_at, kinds, new_session, records, say, text_of
 from tests.support.host import HostUnderTest, running_host
-
-
-@contextlib.asynccontextmanager
-async def journal_at(path: Path) -> AsyncIterator[JournalStore]:
-    store = await open_store(str(path))
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 class TestReplayReconstructsNondeterministicOutput:

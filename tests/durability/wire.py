@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from agentsessions.host.journal import canon
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from agentsessions.host.journal import canon, open_store
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.support.host import HostUnderTest, text_input
@@ -59,3 +63,13 @@ async def append_raw(
     return await store.append(
         uid, [canon.normalize_event(e) for e in events], expected_head=head.seq, fence=fence
     )
+
+
+@contextlib.asynccontextmanager
+async def journal_at(path: Path) -> AsyncIterator[JournalStore]:
+    """The SQLite journal at ``path``, opened for the block and closed after it."""
+    store = await open_store(str(path))
+    try:
+        yield store
+    finally:
+        await store.close()
