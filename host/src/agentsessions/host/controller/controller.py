@@ -177,6 +177,20 @@ class Controller:
         async with lock:
             yield
 
+    @contextlib.asynccontextmanager
+    async def _guard_when_free(self, uid: str) -> AsyncIterator[None]:
+        """The guard, waiting (bounded by the cancel grace) for an ending operation to let go."""
+        lock = self._guards.setdefault(uid, asyncio.Lock())
+        try:
+            async with asyncio.timeout(self.cancel_grace_s):
+                await lock.acquire()
+        except TimeoutError:
+            raise SessionBusyError(uid) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
     async def _row(self, uid: str) -> SessionRow:
         row = await self.store.get_session(uid)
         if row is None:
@@ -252,7 +266,11 @@ class Controller:
         return [await self._view(r) for r in rows], next_token
 
     async def delete_session(self, uid: str) -> SessionView:
-        async with self._guard(uid):
+        if uid in self._running:
+            # A running turn is cancelled first (END{CANCELED} and the CANCEL marker are journaled);
+            # its Exec then releases the session.
+            await self.cancel(uid, "", "session deleted")
+        async with self._guard_when_free(uid):
             row = await self._row(uid)
             view = await self._view(row)
             await self.store.delete_session(uid, purge=self.purge_on_delete)
@@ -630,7 +648,12 @@ class Controller:
         nothing written; divergence raises ReplayDivergedError."""
         row = await self._row(uid)
         events, executions = await self._executions(row)
-        completed = [ex for ex in executions if ex.completed and not (ex.legacy and not ex.inputs)]
+        # A cancelled execution stopped wherever the Cancel found it: there is nothing to re-run.
+        completed = [
+            ex
+            for ex in executions
+            if ex.completed and not (ex.legacy and not ex.inputs) and not _cancelled(events, ex)
+        ]
         plans = [await self._reconstruct(row, ex, events) for ex in completed]
         outputs: list[str] = []
         calls = 0
@@ -817,9 +840,12 @@ class Controller:
             return await self.view(uid), rec
 
     async def cancel(self, uid: str, execution_id: str, reason: str) -> SessionView:
-        """Stop this host's running turn of a session; a no-op on an idle session."""
+        """Stop this host's running turn of a session, or close a turn parked on an approval;
+        a no-op on an idle or finished session."""
         await self._row(uid)
         running = self._running.get(uid)
+        if running is None:
+            await self._close_parked(uid, execution_id, reason or "cancelled by request")
         if running is not None and (not execution_id or execution_id == running.execution_id):
             if running.cancel_reason is None:
                 running.cancel_reason = reason or "cancelled by request"
@@ -829,6 +855,29 @@ class Controller:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(_settled(running.task)), self.cancel_grace_s)
         return await self.view(uid)
+
+    async def _close_parked(self, uid: str, execution_id: str, reason: str) -> None:
+        """Journal END{CANCELED} and the CANCEL marker for a parked execution: its request can no
+        longer be decided, and the session takes new inputs."""
+        row = await self._row(uid)
+        events, executions = await self._executions(row)
+        if _open_gate(events, executions) is None:
+            return
+        async with self._guard(uid):
+            events, executions = await self._executions(await self._row(uid))
+            gate = _open_gate(events, executions)
+            if gate is None or (execution_id and execution_id != gate.execution.id):
+                return
+            fence = await self.store.new_fence(uid)
+            end = common_pb2.Event(
+                execution_id=gate.execution.id,
+                kind=K.EVENT_END,
+                end=common_pb2.HarnessEnd(
+                    state="CANCELED", error=common_pb2.Error(code=1, description=reason)
+                ),
+            )
+            await self._append(uid, [end], len(events), fence)
+            await self._marker(uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_CANCEL, detail=reason))
 
 
 class _Writer:
@@ -925,6 +974,10 @@ def _open_gate(events: list[common_pb2.Event], executions: list[Execution]) -> G
         request_seq = eff.approval_request[0] if eff.approval_request else 0
         return Gate(latest, eff.call.tool.id, request_seq, eff.approval_result is not None)
     return None
+
+
+def _cancelled(events: list[common_pb2.Event], ex: Execution) -> bool:
+    return ex.end_index is not None and events[ex.end_index].end.state == "CANCELED"
 
 
 def _text(message: common_pb2.Message) -> str:
