@@ -551,3 +551,24 @@ async def test_a_version_1_journal_is_upgraded_in_place(pg_url: str) -> None:
         assert await upgraded.verify("new") == 2
     finally:
         await upgraded.close()
+
+
+async def test_close_commits_every_append_already_queued(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, flushers=1, max_batch=4)
+    uids = [f"sess-q{i}" for i in range(24)]
+    for uid in uids:
+        await store.create_session(SessionRow(uid=uid, project="p"))
+    pending = [
+        asyncio.ensure_future(store.append(uid, [text_event(uid)], expected_head=0, fence=0)) for uid in uids
+    ]
+    await asyncio.sleep(0)  # every append is queued; one small flush is in flight
+    await store.close()
+    assert [len(await p) for p in pending] == [1] * len(uids)
+    with pytest.raises(StoreError, match="closed"):
+        await store.append(uids[0], [text_event("late")], expected_head=1, fence=0)
+    reopened = await PostgresStore.open(pg_url)
+    try:
+        for uid in uids:
+            assert await reopened.verify(uid) == 1
+    finally:
+        await reopened.close()

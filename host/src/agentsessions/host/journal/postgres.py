@@ -389,8 +389,9 @@ class PostgresStore:
             return int(await conn.fetchval(f"SELECT max(version) FROM {_MIGRATIONS_TABLE}"))
 
     @contextlib.asynccontextmanager
-    async def _conn(self, what: str) -> AsyncIterator[Any]:
-        if self._closed:
+    async def _conn(self, what: str, *, flushing: bool = False) -> AsyncIterator[Any]:
+        # A flush queued before close() still runs: close() waits for it.
+        if self._closed and not flushing:
             raise StoreError(f"{what}: store is closed")
         with _driver_errors(what):
             async with self._pool.acquire(timeout=COMMAND_TIMEOUT_S) as conn:
@@ -576,7 +577,7 @@ class PostgresStore:
         outcomes: list[list[common_pb2.LogRecord] | BaseException] = []
         uids = sorted({p.uid for p in batch})
         now = _now_ns()
-        async with self._conn("append") as conn, conn.transaction():
+        async with self._conn("append", flushing=True) as conn, conn.transaction():
             recs = await conn.fetch(
                 """
                 SELECT uid, fence, last_seq, last_hash, compute_state, deleted_at FROM sessions
