@@ -1,0 +1,42 @@
+"""Fixtures of the Cancel and DeleteSession tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentsessions.host.journal import open_store
+from agentsessions.host.journal.store import JournalStore
+from tests.support.processes import HarnessProcess, harness_process, serve_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def journal_path(tmp_path: Path) -> str:
+    return str(tmp_path / "journal.db")
+
+
+@pytest.fixture
+async def store(journal_path: str) -> AsyncIterator[JournalStore]:
+    s = await open_store(journal_path)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def blocker_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HarnessProcess]:
+    """BlockingHarness in its own process."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    async with harness_process(serve_argv("tests.approvals.harnesses:BlockingHarness")) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def tooler_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HarnessProcess]:
+    """ToolHarness in its own process."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    async with harness_process(serve_argv("tests.approvals.harnesses:ToolHarness")) as proc:
+        yield proc
