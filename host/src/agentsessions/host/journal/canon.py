@@ -300,8 +300,9 @@ def _write_message(msg: Any, out: _Out) -> None:
     if not fields:
         out.append("{}")
         return
-    # Proto field names are ASCII identifiers: code point order is UTF-16 order.
-    fields.sort(key=_field_name)
+    if len(fields) > 1:
+        # Proto field names are ASCII identifiers: code point order is UTF-16 order.
+        fields.sort(key=_field_name)
     sep = "{"
     plans = _PLANS
     for fd, value in fields:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agentsessions.host.journal import (
     clamp_page_size,
@@ -35,7 +35,7 @@ from agentsessions.v1 import common_pb2, harness_registry_pb2
 __all__ = ["MemoryStore"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Record:
     seq: int
     prev_hash: str
@@ -46,15 +46,11 @@ class _Record:
 
 @dataclass
 class _Session:
-    row: SessionRow  # last_seq and compute_state in here are not maintained; see below
+    row: SessionRow  # its update_time_ns, compute_state and last_seq are superseded by the fields below
     fence: int = 0
     compute_state: str = COMPUTE_NONE
+    update_time_ns: int = 0
     deleted: bool = False
-
-
-@dataclass
-class _Journal:
-    records: list[_Record] = field(default_factory=list)
 
 
 def _own_row(row: SessionRow) -> SessionRow:
@@ -83,7 +79,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
-        self._journals: dict[str, _Journal] = {}
+        # Records are immutable, so a fork's children share the parent's prefix records.
+        self._journals: dict[str, list[_Record]] = {}
         self._harnesses: dict[str, bytes] = {}
         self._receipts: dict[tuple[str, str], bytes] = {}
         self._closed = False
@@ -95,13 +92,15 @@ class MemoryStore:
             raise StoreError(f"{what}: store is closed")
 
     def _records(self, uid: str) -> list[_Record]:
-        journal = self._journals.get(uid)
-        return journal.records if journal is not None else []
+        return self._journals.get(uid, [])
 
     def _public_row(self, uid: str, session: _Session) -> SessionRow:
         return _own_row(
             dataclasses.replace(
-                session.row, compute_state=session.compute_state, last_seq=len(self._records(uid))
+                session.row,
+                update_time_ns=session.update_time_ns,
+                compute_state=session.compute_state,
+                last_seq=len(self._records(uid)),
             )
         )
 
@@ -123,7 +122,7 @@ class MemoryStore:
             compute_state=COMPUTE_NONE,
             last_seq=0,
         )
-        self._sessions[row.uid] = _Session(row=_own_row(stored))
+        self._sessions[row.uid] = _Session(row=_own_row(stored), update_time_ns=stored.update_time_ns)
         return self._public_row(row.uid, self._sessions[row.uid])
 
     async def get_session(self, uid: str) -> SessionRow | None:
@@ -157,7 +156,7 @@ class MemoryStore:
     async def delete_session(self, uid: str, *, purge: bool) -> SessionRow:
         self._check_open("delete session")
         session = self._live(uid)
-        session.row = dataclasses.replace(session.row, update_time_ns=time.time_ns())
+        session.update_time_ns = time.time_ns()
         deleted = self._public_row(uid, session)
         session.deleted = True
         if purge:
@@ -171,7 +170,7 @@ class MemoryStore:
         session = self._sessions.get(uid)
         if session is None:
             now = time.time_ns()
-            session = _Session(row=SessionRow(uid=uid, project="", create_time_ns=now, update_time_ns=now))
+            session = _Session(row=SessionRow(uid=uid, project="", create_time_ns=now), update_time_ns=now)
             self._sessions[uid] = session
         session.fence += 1
         return session.fence
@@ -189,20 +188,20 @@ class MemoryStore:
         self._check_open("append")
         normalized = [normalize_event(ev) for ev in events]
         session = self._live(uid)
-        journal = self._journals.setdefault(uid, _Journal())
-        head = len(journal.records)
+        records = self._journals.setdefault(uid, [])
+        head = len(records)
         if expected_head != head:
             raise ConflictError(
                 f"expected_last_seq {expected_head} does not match head {head} of session {uid}"
             )
         if fence < session.fence:
             raise FencedError(f"fence {fence} is superseded by fence {session.fence} of session {uid}")
-        prev = journal.records[-1].hash if journal.records else ""
+        prev = records[-1].hash if records else ""
         out: list[common_pb2.LogRecord] = []
         state = session.compute_state
         for seq, ev in enumerate(normalized, start=head + 1):
             digest = chain_hash(canonical_event(ev), prev, seq)
-            journal.records.append(_Record(seq, prev, digest, fence, ev.SerializeToString()))
+            records.append(_Record(seq, prev, digest, fence, ev.SerializeToString()))
             out.append(
                 common_pb2.LogRecord(seq=seq, prev_hash=prev, content_hash=digest, fence=fence, event=ev)
             )
@@ -210,7 +209,7 @@ class MemoryStore:
             prev = digest
         if out:
             session.compute_state = state
-            session.row = dataclasses.replace(session.row, update_time_ns=time.time_ns())
+            session.update_time_ns = time.time_ns()
         return out
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
@@ -285,10 +284,8 @@ class MemoryStore:
                 create_time_ns=child.create_time_ns or now,
                 update_time_ns=now,
             )
-            self._sessions[child.uid] = _Session(row=_own_row(row), compute_state=state)
-            copied = [dataclasses.replace(r) for r in records[:at_seq]]
-            copied.append(dataclasses.replace(marker_record))
-            self._journals[child.uid] = _Journal(records=copied)
+            self._sessions[child.uid] = _Session(row=_own_row(row), compute_state=state, update_time_ns=now)
+            self._journals[child.uid] = [*records[:at_seq], marker_record]
             stored.append(self._public_row(child.uid, self._sessions[child.uid]))
         return stored
 
@@ -310,14 +307,14 @@ class MemoryStore:
         now = time.time_ns()
         stored = dataclasses.replace(row, create_time_ns=row.create_time_ns or now, update_time_ns=now)
         self._sessions[row.uid] = _Session(
-            row=_own_row(stored), fence=max((r.fence for r in records), default=0), compute_state=state
+            row=_own_row(stored),
+            fence=max((r.fence for r in records), default=0),
+            compute_state=state,
+            update_time_ns=now,
         )
-        self._journals[row.uid] = _Journal(
-            records=[
-                _Record(r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString())
-                for r in records
-            ]
-        )
+        self._journals[row.uid] = [
+            _Record(r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString()) for r in records
+        ]
         return self._public_row(row.uid, self._sessions[row.uid])
 
     def corrupt_record(
@@ -325,11 +322,13 @@ class MemoryStore:
     ) -> None:
         """Test hook: overwrite a stored record's event bytes and/or hash, as an attacker with
         write access to the storage could."""
-        rec = self._records(uid)[seq - 1]
+        records = self._records(uid)
+        rec = records[seq - 1]
         if event is not None:
-            rec.event = event
+            rec = dataclasses.replace(rec, event=event)
         if hash is not None:
-            rec.hash = hash
+            rec = dataclasses.replace(rec, hash=hash)
+        records[seq - 1] = rec
 
     def stored_event(self, uid: str, seq: int) -> bytes:
         """Test hook: the stored bytes of a record's event."""
@@ -367,7 +366,7 @@ class MemoryStore:
 
     async def session_uids(self) -> list[str]:
         self._check_open("list session uids")
-        return sorted(set(self._sessions) | {uid for uid, j in self._journals.items() if j.records})
+        return sorted(set(self._sessions) | {uid for uid, records in self._journals.items() if records})
 
     async def close(self) -> None:
         self._closed = True

@@ -304,7 +304,9 @@ class SqliteStore:
         self._closing = True
         self._wake.set()
         if self._writer_task is not None:
-            await self._writer_task
+            await asyncio.wait([self._writer_task])
+            if self._writer_task.cancelled():
+                return  # the writer already stopped both connections
         await self._w.close()
         await self._r.close()
 
@@ -339,8 +341,16 @@ class SqliteStore:
                     continue
                 batch = [self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending)))]
                 await self._commit(batch)
+        except asyncio.CancelledError:
+            # The event loop is going away without close() (e.g. asyncio.run tearing down after an
+            # error). aiosqlite's connection threads are not daemons: stop them, or the process
+            # could never exit.
+            self._closing = True
+            self._w.stop()
+            self._r.stop()
+            raise
         finally:
-            # Only reached with work left if the loop itself was cancelled: nobody may hang.
+            # Only reached with work left if the writer was cancelled: nobody may hang.
             while self._pending:
                 item = self._pending.popleft()
                 _settle(item.future, None, StoreError("journal writer stopped before this write committed"))
@@ -472,7 +482,7 @@ class SqliteStore:
         for start in range(0, len(keys), 256):
             chunk = keys[start : start + 256]
             marks = ",".join("(?)" for _ in chunk)
-            cursor = await self._w.execute(
+            rows = await self._w.execute_fetchall(
                 f"""
                 WITH wanted(uid) AS (VALUES {marks})
                 SELECT wanted.uid, s.session IS NOT NULL, COALESCE(s.deleted, 0), COALESCE(s.fence, 0),
@@ -484,9 +494,8 @@ class SqliteStore:
                 """,
                 chunk,
             )
-            for uid, exists, deleted, fence, state, seq, digest in await cursor.fetchall():
+            for uid, exists, deleted, fence, state, seq, digest in rows:
                 heads[uid] = _Head(bool(exists), bool(deleted), fence, state, seq or 0, digest or "")
-            await cursor.close()
         return heads
 
     # -- session rows ------------------------------------------------------------------------
@@ -842,11 +851,9 @@ class SqliteStore:
 
 
 async def _one(db: _Db, sql: str, params: Sequence[Any]) -> Any:
-    cursor = await db.execute(sql, params)
-    try:
-        return await cursor.fetchone()
-    finally:
-        await cursor.close()
+    """The first row of a statement's result, or None (one round trip to the connection thread)."""
+    rows = list(await db.execute_fetchall(sql, params))
+    return rows[0] if rows else None
 
 
 async def _prepare(db: _Db, path: str, synchronous: str) -> None:
