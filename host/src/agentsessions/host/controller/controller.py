@@ -48,6 +48,7 @@ from agentsessions.host.journal.store import (
     SessionRow,
 )
 from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.runtime import placement_refusal
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.harness import Harness, Start
@@ -357,12 +358,10 @@ class Controller:
         return resolved
 
     def _check_placement(self, resolved: ResolvedHarness, desc: harness_pb2.HarnessDescriptor) -> None:
-        needs_memory = desc.capabilities.resumability == harness_pb2.RESUMABILITY_REQUIRES_MEMORY_SNAPSHOT
-        if needs_memory and not resolved.in_process:
-            raise UnplaceableError(
-                f"harness {resolved.name!r} requires memory snapshots, which the runtime serving it "
-                "(a remote address the host does not own) cannot take"
-            )
+        # The runtime decides (agentsessions.host.runtime.placement): capabilities vs the descriptor.
+        refusal = placement_refusal(resolved.placed_on(), resolved.name, desc)
+        if refusal is not None:
+            raise UnplaceableError(refusal)
 
     async def _run_turn(self, turn: Turn, obs: _Observer) -> session_pb2.Session | None:
         p, row, resolved = turn.params, turn.view.row, turn.resolved
@@ -499,9 +498,8 @@ class Controller:
             await self._marker(uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_CANCEL, detail=reason), obs)
             raise ExecutionCancelled(reason)
         if sink.parked is not None and failure is None:
-            await self._marker(
-                uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_SUSPEND, snapshot_local=uid), obs
-            )
+            snapshot = await resolved.placed_on().snapshot(uid)
+            await self._marker(uid, fence, snapshot.suspend_marker(), obs)
             view = await self.view(uid)
             return session_view_proto(view)
         if failure is None and sink.unconsumed() > 0:
@@ -697,11 +695,11 @@ class Controller:
 
     async def suspend(self, uid: str) -> SessionView:
         async with self._guard(uid):
-            await self._row(uid)
+            row = await self._row(uid)
+            resolved = await self.catalog.resolve(row.harness)
+            snapshot = await resolved.placed_on().snapshot(uid)
             fence = await self.store.new_fence(uid)
-            await self._marker(
-                uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_SUSPEND, snapshot_local=uid)
-            )
+            await self._marker(uid, fence, snapshot.suspend_marker())
             return await self.view(uid)
 
     async def fork(

@@ -13,6 +13,7 @@ from agentsessions.host.controller.errors import (
     InvalidArgumentError,
 )
 from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime
 from agentsessions.sdk.harness import Harness
 from agentsessions.v1 import harness_pb2, harness_registry_pb2
 
@@ -28,6 +29,8 @@ class StaticHarness:
 
     harness: Harness
     address: str = ""
+    # Where it runs (None: in-process, or a remote address the host does not own).
+    runtime: Runtime | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,13 @@ class ResolvedHarness:
     registered: bool  # from HarnessRegistry (pinned: no per-turn override onto or off it)
     in_process: bool  # runs inside the host process
     descriptor_id: str = ""  # what the registration says Describe must report, if set
+    runtime: Runtime | None = None  # set by the catalog; see placed_on
+
+    def placed_on(self) -> Runtime:
+        """The runtime serving this harness: what placement checks and Suspend snapshots."""
+        if self.runtime is not None:
+            return self.runtime
+        return InProcessRuntime(self.harness) if self.in_process else RemoteRuntime("", self.harness)
 
 
 class HarnessCatalog:
@@ -55,6 +65,15 @@ class HarnessCatalog:
         self.store = store
         self._remote_factory = remote_factory
         self._remote_cache: dict[str, Harness] = {}
+        self._runtimes: dict[str, Runtime] = {
+            name: entry.runtime
+            or (
+                RemoteRuntime(entry.address, entry.harness)
+                if entry.address
+                else InProcessRuntime(entry.harness)
+            )
+            for name, entry in self._static.items()
+        }
         self.default = default
 
     def static_names(self) -> list[str]:
@@ -78,7 +97,13 @@ class HarnessCatalog:
         name = name or self.default
         static = self._static.get(name)
         if static is not None:
-            return ResolvedHarness(name, static.harness, registered=False, in_process=not static.address)
+            return ResolvedHarness(
+                name,
+                static.harness,
+                registered=False,
+                in_process=not static.address,
+                runtime=self._runtimes[name],
+            )
         reg = await self.store.get_harness(name)
         if reg is None:
             known = ", ".join(await self.names())
@@ -92,8 +117,14 @@ class HarnessCatalog:
         if harness is None:
             harness = self._remote_factory(address)
             self._remote_cache[address] = harness
+            self._runtimes[address] = RemoteRuntime(address, harness)
         return ResolvedHarness(
-            name, harness, registered=True, in_process=False, descriptor_id=reg.spec.descriptor_id
+            name,
+            harness,
+            registered=True,
+            in_process=False,
+            descriptor_id=reg.spec.descriptor_id,
+            runtime=self._runtimes.get(address) or RemoteRuntime(address, harness),
         )
 
 
