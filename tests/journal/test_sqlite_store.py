@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,35 @@ async def test_open_store_dispatch(tmp_path: Path) -> None:
         await by_path.close()
     with pytest.raises(TypeError):
         await open_store("memory:", synchronous="FULL")
+
+
+CRASHING_HOST = """
+import asyncio, sys
+from agentsessions.host.journal import SessionRow, open_store
+
+async def main() -> None:
+    store = await open_store(sys.argv[1])
+    await store.create_session(SessionRow(uid="s", project="p"))
+    raise SystemExit(3)  # leaves without close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_that_never_closes_its_store_still_exits(tmp_path: Path) -> None:
+    # aiosqlite's connection threads are not daemons; an unclosed store must not keep the process alive.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CRASHING_HOST,
+        str(tmp_path / "j.db"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        code = await asyncio.wait_for(proc.wait(), timeout=60)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        pytest.fail("the process hung after its event loop finished")
+    assert code == 3
