@@ -357,7 +357,7 @@ class SqliteStore:
 
     async def _commit(self, batch: list[_Append | _Op[Any]]) -> None:
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        failure: StoreError | None = None
+        failure: tuple[type[StoreError], str, BaseException] | None = None
         try:
             await self._w.execute("BEGIN IMMEDIATE")
             try:
@@ -367,20 +367,23 @@ class SqliteStore:
                 await self._rollback()
                 raise
         except sqlite3.IntegrityError as exc:
-            failure = ConflictError(f"journal write lost to a concurrent writer: {exc}")
+            failure = (ConflictError, f"journal write lost to a concurrent writer: {exc}", exc)
         except sqlite3.Error as exc:
-            failure = StoreError(f"journal write failed: {exc}")
+            failure = (StoreError, f"journal write failed: {exc}", exc)
         except Exception as exc:
-            failure = StoreError(f"journal write failed: {exc!r}")
-            failure.__cause__ = exc
+            failure = (StoreError, f"journal write failed: {exc!r}", exc)
         except BaseException as exc:  # cancelled: fail the batch, then stop the writer
             for item in batch:
                 _settle(item.future, None, StoreError(f"journal write abandoned: {exc!r}"))
             raise
         if failure is not None:
             self.stats.failed_commits += 1
+            kind, message, cause = failure
             for item in batch:
-                _settle(item.future, None, failure)
+                # One exception object per waiter: each raise extends its own traceback.
+                refusal = kind(message)
+                refusal.__cause__ = cause
+                _settle(item.future, None, refusal)
             return
         self.stats.commits += 1
         refused = {id(future) for future, _, error in outcomes if error is not None}
