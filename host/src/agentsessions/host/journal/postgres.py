@@ -324,6 +324,7 @@ class PostgresStore:
         self._queue: list[_PendingAppend] = []
         self._flushing = 0
         self._flush_tasks: set[asyncio.Task[None]] = set()
+        self._flush_scheduled = False
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -379,7 +380,8 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
-        while self._flush_tasks:
+        while self._queue or self._flush_tasks:
+            self._start_flushes()
             await asyncio.gather(*list(self._flush_tasks), return_exceptions=True)
         await asyncio.wait_for(self._pool.close(), timeout=COMMAND_TIMEOUT_S)
 
@@ -526,10 +528,18 @@ class PostgresStore:
             future=asyncio.get_running_loop().create_future(),
         )
         self._queue.append(pending)
-        self._maybe_start_flush()
+        self._schedule_flush()
         return await pending.future
 
-    def _maybe_start_flush(self) -> None:
+    def _schedule_flush(self) -> None:
+        # Deferred by one loop turn: writers woken by the previous flush queue their next
+        # appends first, so a free flusher takes them all in one transaction.
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_flushes)
+
+    def _start_flushes(self) -> None:
+        self._flush_scheduled = False
         while self._queue and self._flushing < self._flushers:
             batch = self._queue[: self._max_batch]
             del self._queue[: self._max_batch]
@@ -542,7 +552,7 @@ class PostgresStore:
         self._flush_tasks.discard(task)
         self._flushing -= 1
         if self._queue:
-            self._maybe_start_flush()
+            self._schedule_flush()
 
     async def _flush(self, batch: list[_PendingAppend]) -> None:
         try:
