@@ -4,9 +4,10 @@
 ``App.services`` on the Sessions listener and ``App.admin_services`` on the ``--registry-addr``
 listener (not served when that flag is unset). ``App.close`` runs once the server has drained.
 
-The wiring: journal store -> harness catalog (built-in ``echo``/``chat`` in-process, ``--harness``
-entries dialled, registry entries from the store) -> model provider (built-in echo, or the
-OpenAI-compatible provider with ``--model``) -> tool registry -> controller -> servicers.
+The wiring: journal store -> harness catalog (built-in ``echo``/``chat``/``counter`` in-process,
+``--harness`` entries dialled, ``--harness-process`` children started, registry entries from the
+store) -> model provider (built-in echo, or the OpenAI-compatible provider with ``--model``) -> tool
+registry -> controller -> servicers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from grpc import aio
 
 from agentsessions.harnesses.chat import ChatHarness
+from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.config import HostConfig
 from agentsessions.host.controller.controller import Controller
@@ -27,6 +29,7 @@ from agentsessions.host.journal import open_store
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import registry, sessions
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
@@ -100,9 +103,16 @@ async def build_controller(config: HostConfig, app: App) -> Controller:
     static = {
         "echo": StaticHarness(EchoHarness()),
         "chat": StaticHarness(ChatHarness()),
+        # Needs memory snapshots, which no runtime here takes: served so the refusal can be seen.
+        "counter": StaticHarness(CounterHarness()),
     }
     for name, address in config.harnesses:
         static[name] = StaticHarness(dial(address), address)
+    processes = HarnessProcesses(config.harness_processes, grace=config.drain_grace_seconds)
+    app.on_close(processes.close)
+    await processes.start()
+    for name, runtime in processes.runtimes.items():
+        static[name] = StaticHarness(runtime.harness, runtime.address, runtime=runtime)
     catalog = HarnessCatalog(static, store, dial, default="echo")
 
     tools = tools_config_from_flags(config.tool_executors, config.mcp_servers, config.tools_files)
@@ -124,7 +134,14 @@ async def build_controller(config: HostConfig, app: App) -> Controller:
 
 async def build_app(config: HostConfig) -> App:
     app = App(services=[])
-    controller = await build_controller(config, app)
+    try:
+        controller = await build_controller(config, app)
+    except HarnessProcessError as exc:
+        await app.close()
+        # Imported here: the server module imports this one.
+        from agentsessions.host.server import StartupError
+
+        raise StartupError(str(exc)) from exc
     sessions_servicer = sessions.SessionsServicer(controller)
     app.services.append(
         Service(

@@ -28,7 +28,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
 # Names the host always serves itself; a remote harness may not take them.
-RESERVED_HARNESS_NAMES = frozenset({"echo", "chat"})
+RESERVED_HARNESS_NAMES = frozenset({"echo", "chat", "counter"})
 
 # Provider key variables, first match wins.
 MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
@@ -36,6 +36,8 @@ MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
 JournalKind = Literal["memory", "sqlite", "postgres"]
 LogFormat = Literal["text", "json"]
 
+# module:attribute, both dotted Python identifiers (what agentsessions-harness serve loads).
+_HARNESS_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*")
@@ -57,6 +59,8 @@ class HostConfig:
     drain_grace_seconds: float = DEFAULT_DRAIN_GRACE_SECONDS
     # Remote harnesses as (name, address) pairs, in flag order.
     harnesses: list[tuple[str, str]] = field(default_factory=list)
+    # Harness processes the host starts, as (name, module:attribute) pairs (see agentsessions.host.runtime).
+    harness_processes: list[tuple[str, str]] = field(default_factory=list)
     registry_addr: str | None = None
     # Empty means the built-in echo model.
     model: str = ""
@@ -89,6 +93,12 @@ class HostConfig:
                 raise ConfigError(f"--harness {name!r} is given more than once")
             seen.add(name)
             check_harness_address(f"--harness {name}", address)
+        for name, target in self.harness_processes:
+            check_harness_name(name, "--harness-process")
+            if name in seen:
+                raise ConfigError(f"--harness-process {name!r} names a harness given more than once")
+            seen.add(name)
+            check_harness_target(name, target)
         if self.registry_addr is not None:
             check_registry_address(self.registry_addr, self.listen)
         if self.model_path and not self.model_path.startswith("/"):
@@ -122,6 +132,9 @@ class HostConfig:
             harness_entries: Sequence[str] = flag_harnesses
         else:
             harness_entries = environ.get(ENV_PREFIX + "HARNESS", "").replace(",", " ").split()
+        process_entries: Sequence[str] = getattr(args, "harness_process", None) or (
+            environ.get(ENV_PREFIX + "HARNESS_PROCESS", "").replace(",", " ").split()
+        )
 
         return cls(
             listen=pick("listen", DEFAULT_LISTEN),
@@ -131,6 +144,7 @@ class HostConfig:
             log_format=cast(LogFormat, pick("log_format", "text").lower()),
             drain_grace_seconds=grace,
             harnesses=[parse_harness_entry(entry) for entry in harness_entries],
+            harness_processes=[parse_harness_process_entry(entry) for entry in process_entries],
             registry_addr=pick("registry_addr", "") or None,
             model=pick("model", ""),
             model_base_url=pick("model_base_url", DEFAULT_MODEL_BASE_URL),
@@ -250,6 +264,13 @@ def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
         help="remote harness, repeatable; ADDRESS is host:port, dns:///host:port, dns://resolver/host:port, "
         f"unix:path or unix:///abs/path (env {env}HARNESS, comma-separated)",
     )
+    parser.add_argument(
+        "--harness-process",
+        action="append",
+        metavar="NAME=MODULE:ATTR",
+        help="harness process the host starts (agentsessions-harness serve MODULE:ATTR), restarts after "
+        f"a crash and stops on shutdown, repeatable (env {env}HARNESS_PROCESS, comma-separated)",
+    )
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -298,14 +319,30 @@ def parse_harness_entry(entry: str) -> tuple[str, str]:
     return name.strip(), address.strip()
 
 
-def check_harness_name(name: str) -> None:
+def check_harness_name(name: str, flag: str = "--harness") -> None:
     if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
         raise ConfigError(
-            f"--harness name {name!r} must be a DNS label: lowercase letters, digits and '-', "
+            f"{flag} name {name!r} must be a DNS label: lowercase letters, digits and '-', "
             "starting and ending alphanumeric, at most 63 characters"
         )
     if name in RESERVED_HARNESS_NAMES:
-        raise ConfigError(f"--harness name {name!r} is reserved for a harness the host serves itself")
+        raise ConfigError(f"{flag} name {name!r} is reserved for a harness the host serves itself")
+
+
+def parse_harness_process_entry(entry: str) -> tuple[str, str]:
+    name, sep, target = entry.partition("=")
+    if not sep:
+        raise ConfigError(f"--harness-process {entry!r} must be NAME=MODULE:ATTR")
+    return name.strip(), target.strip()
+
+
+def check_harness_target(name: str, target: str) -> None:
+    """A harness process target is ``module:attribute`` (importable by the harness process)."""
+    if not _HARNESS_TARGET.fullmatch(target):
+        raise ConfigError(
+            f"--harness-process {name} target {target!r} must be MODULE:ATTR, dotted Python names "
+            "such as agentsessions.harnesses.echo:EchoHarness"
+        )
 
 
 def check_harness_address(flag: str, address: str) -> None:
