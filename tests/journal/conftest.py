@@ -50,6 +50,32 @@ class Backend:
     corrupt: Corrupter
     # Separate opens of the target see the same data, which survives close and reopen.
     shared: bool
+    # Delete a session's newest stored record (None: the backend cannot be damaged that way).
+    drop_newest: Callable[[JournalStore, str], Awaitable[None]] | None = None
+
+
+async def _drop_newest_memory(store: JournalStore, uid: str) -> None:
+    cast(MemoryStore, store).drop_newest_record(uid)
+
+
+async def _drop_newest_sqlite(store: JournalStore, uid: str) -> None:
+    async with aiosqlite.connect(cast(SqliteStore, store).path, isolation_level=None) as db:
+        await db.execute(
+            "DELETE FROM events WHERE session = ? AND seq = (SELECT MAX(seq) FROM events WHERE session = ?)",
+            (uid, uid),
+        )
+
+
+async def _drop_newest_postgres(store: JournalStore, uid: str) -> None:
+    conn = await asyncpg.connect(cast(PostgresStore, store).url)
+    try:
+        await conn.execute(
+            "DELETE FROM events WHERE session = $1 "
+            "AND seq = (SELECT MAX(seq) FROM events WHERE session = $1)",
+            uid,
+        )
+    finally:
+        await conn.close()
 
 
 async def _corrupt_memory(
@@ -110,15 +136,24 @@ async def _corrupt_postgres(
 
 
 BACKENDS: dict[str, Backend] = {
-    "memory": Backend(target=lambda request, tmp: "memory:", corrupt=_corrupt_memory, shared=False),
+    "memory": Backend(
+        target=lambda request, tmp: "memory:",
+        corrupt=_corrupt_memory,
+        shared=False,
+        drop_newest=_drop_newest_memory,
+    ),
     "sqlite": Backend(
-        target=lambda request, tmp: f"sqlite://{tmp / 'journal.db'}", corrupt=_corrupt_sqlite, shared=True
+        target=lambda request, tmp: f"sqlite://{tmp / 'journal.db'}",
+        corrupt=_corrupt_sqlite,
+        shared=True,
+        drop_newest=_drop_newest_sqlite,
     ),
     # A fresh database per test on the run's server (tests/journal/pg.py).
     "postgres": Backend(
         target=lambda request, tmp: str(request.getfixturevalue("pg_url")),
         corrupt=_corrupt_postgres,
         shared=True,
+        drop_newest=_drop_newest_postgres,
     ),
 }
 

@@ -81,8 +81,32 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     await (await SqliteStore.open(path)).close()
     await run_sql(path, f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(SchemaError, match=r"unsupported database schema.*version 2"):
+    with pytest.raises(SchemaError, match=rf"unsupported database schema.*version {SCHEMA_VERSION + 1}"):
         await SqliteStore.open(path)
+
+
+async def test_a_version_1_journal_is_migrated_and_keeps_verifying(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    store = await SqliteStore.open(path)
+    await store.create_session(SessionRow(uid="s", project="p"))
+    written = await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0)
+    await store.close()
+    # Turn it back into what version 1 wrote: no head anchor in the session row.
+    await run_sql(
+        path,
+        "ALTER TABLE sessions DROP COLUMN last_seq",
+        "ALTER TABLE sessions DROP COLUMN last_hash",
+        "PRAGMA user_version = 1",
+    )
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        assert await query(path, "SELECT last_seq, last_hash FROM sessions") == [(2, written[1].content_hash)]
+        assert await store.verify("s") == 2
+        await store.append("s", [inp("c")], expected_head=2, fence=0)
+        assert await store.verify("s") == 3
+    finally:
+        await store.close()
 
 
 async def test_a_file_that_is_not_sqlite_is_refused(tmp_path: Path) -> None:

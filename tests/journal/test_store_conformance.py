@@ -267,6 +267,19 @@ async def test_editing_a_stored_hash_is_detected(store: JournalStore, store_fact
     assert info.value.seq == 1
 
 
+async def test_deleting_the_newest_records_is_detected(
+    store: JournalStore, store_factory: StoreFactory
+) -> None:
+    drop_newest = store_factory.backend.drop_newest
+    if drop_newest is None:
+        pytest.skip(f"{store_factory.name} has no way to delete a stored record")
+    await _three_records(store)
+    await drop_newest(store, "s")  # what is left still links from genesis
+    with pytest.raises(TamperedError) as info:
+        await store.verify("s")
+    assert info.value.seq == 3
+
+
 async def test_undecodable_event_is_detected(store: JournalStore, store_factory: StoreFactory) -> None:
     await _three_records(store)
     await store_factory.corrupt(store, "s", 1, event=lambda blob: b"\xff\xff\xff" + blob)

@@ -51,6 +51,9 @@ class _Session:
     compute_state: str = COMPUTE_NONE
     update_time_ns: int = 0
     deleted: bool = False
+    # The head as of the last append: verify notices the newest records going missing.
+    last_seq: int = 0
+    last_hash: str = ""
 
 
 def _own_row(row: SessionRow) -> SessionRow:
@@ -161,6 +164,7 @@ class MemoryStore:
         session.deleted = True
         if purge:
             self._journals.pop(uid, None)
+            session.last_seq, session.last_hash = 0, ""
             for key in [k for k in self._receipts if k[0] == uid]:
                 del self._receipts[key]
         return deleted
@@ -210,6 +214,7 @@ class MemoryStore:
         if out:
             session.compute_state = state
             session.update_time_ns = time.time_ns()
+            session.last_seq, session.last_hash = out[-1].seq, out[-1].content_hash
         return out
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
@@ -241,6 +246,15 @@ class MemoryStore:
             if content_hash(ev, prev, rec.seq) != rec.hash:
                 raise TamperedError(uid, rec.seq, "content_hash does not match the recomputed hash")
             prev = rec.hash
+        session = self._sessions.get(uid)
+        if session is not None and (session.last_seq, session.last_hash) != (len(self._records(uid)), prev):
+            seq = min(session.last_seq, len(self._records(uid)) + 1)
+            raise TamperedError(
+                uid,
+                seq,
+                f"the journal ends at seq {len(self._records(uid))}, not at the head "
+                f"recorded when seq {session.last_seq} was appended",
+            )
         return len(self._records(uid))
 
     async def fork(
@@ -284,7 +298,13 @@ class MemoryStore:
                 create_time_ns=child.create_time_ns or now,
                 update_time_ns=now,
             )
-            self._sessions[child.uid] = _Session(row=_own_row(row), compute_state=state, update_time_ns=now)
+            self._sessions[child.uid] = _Session(
+                row=_own_row(row),
+                compute_state=state,
+                update_time_ns=now,
+                last_seq=marker_seq,
+                last_hash=marker_record.hash,
+            )
             self._journals[child.uid] = [*records[:at_seq], marker_record]
             stored.append(self._public_row(child.uid, self._sessions[child.uid]))
         return stored
@@ -311,6 +331,8 @@ class MemoryStore:
             fence=max((r.fence for r in records), default=0),
             compute_state=state,
             update_time_ns=now,
+            last_seq=len(records),
+            last_hash=prev,
         )
         self._journals[row.uid] = [
             _Record(r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString()) for r in records
@@ -329,6 +351,10 @@ class MemoryStore:
         if hash is not None:
             rec = dataclasses.replace(rec, hash=hash)
         records[seq - 1] = rec
+
+    def drop_newest_record(self, uid: str) -> None:
+        """Test hook: delete a session's newest stored record, as an attacker could."""
+        self._records(uid).pop()
 
     def stored_event(self, uid: str, seq: int) -> bytes:
         """Test hook: the stored bytes of a record's event."""

@@ -51,15 +51,17 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore", "WriterStats"]
 
 # Stamped in the database header so a foreign SQLite file is told apart from a journal.
 APPLICATION_ID: Final = 0x4153_4A4C  # "ASJL"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 DEFAULT_MAX_BATCH: Final = 1024
 VERIFY_CHUNK: Final = 4096
 _WAL_ATTEMPTS: Final = 50
 
-_SCHEMA: Final = (
-    """
+# Append-only: schema version N is reached by applying _MIGRATIONS[N - 1] to version N - 1.
+_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        """
     CREATE TABLE sessions (
         session TEXT PRIMARY KEY,
         fence INTEGER NOT NULL DEFAULT 0,
@@ -79,9 +81,9 @@ _SCHEMA: Final = (
         deleted INTEGER NOT NULL DEFAULT 0
     )
     """,
-    "CREATE INDEX sessions_project_created ON sessions(project, created_at DESC, session)",
-    "CREATE INDEX sessions_harness ON sessions(harness)",
-    """
+        "CREATE INDEX sessions_project_created ON sessions(project, created_at DESC, session)",
+        "CREATE INDEX sessions_harness ON sessions(harness)",
+        """
     CREATE TABLE events (
         session TEXT NOT NULL,
         seq INTEGER NOT NULL,
@@ -92,14 +94,14 @@ _SCHEMA: Final = (
         PRIMARY KEY (session, seq)
     )
     """,
-    """
+        """
     CREATE TABLE harnesses (
         name TEXT PRIMARY KEY,
         registration BLOB NOT NULL /* binary agentsessions.v1.HarnessRegistration */,
         updated_at INTEGER NOT NULL
     )
     """,
-    """
+        """
     CREATE TABLE tool_receipts (
         session TEXT NOT NULL,
         idempotency_key TEXT NOT NULL,
@@ -108,6 +110,22 @@ _SCHEMA: Final = (
         PRIMARY KEY (session, idempotency_key)
     )
     """,
+    ),
+    # 2: each session row anchors its journal's head, so verify notices the newest records going
+    # missing (a truncated chain still links).
+    (
+        "ALTER TABLE sessions ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE sessions ADD COLUMN last_hash TEXT NOT NULL DEFAULT ''",
+        """
+        UPDATE sessions SET
+            last_seq = COALESCE((SELECT MAX(seq) FROM events WHERE events.session = sessions.session), 0),
+            last_hash = COALESCE(
+                (SELECT hash FROM events WHERE events.session = sessions.session
+                 ORDER BY seq DESC LIMIT 1),
+                ''
+            )
+        """,
+    ),
 )
 
 _ROW_COLUMNS: Final = (
@@ -117,8 +135,8 @@ _ROW_COLUMNS: Final = (
 )
 _INSERT_ROW: Final = (
     "INSERT INTO sessions (session, project, name, harness, model, labels, annotations, origin, identity, "
-    "parent_uid, fork_seq, created_at, updated_at, compute_state, fence) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_EVENT: Final = (
     "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)"
@@ -135,7 +153,16 @@ def _json_map(value: Mapping[str, str]) -> str:
     return json.dumps(dict(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _row_params(row: SessionRow, *, created: int, updated: int, state: str, fence: int) -> tuple[Any, ...]:
+def _row_params(
+    row: SessionRow,
+    *,
+    created: int,
+    updated: int,
+    state: str,
+    fence: int,
+    last_seq: int = 0,
+    last_hash: str = "",
+) -> tuple[Any, ...]:
     return (
         row.uid,
         row.project,
@@ -152,6 +179,8 @@ def _row_params(row: SessionRow, *, created: int, updated: int, state: str, fenc
         updated,
         state,
         fence,
+        last_seq,
+        last_hash,
     )
 
 
@@ -474,8 +503,9 @@ class SqliteStore:
             await self._w.executemany(_INSERT_EVENT, rows)
             now = time.time_ns()
             await self._w.executemany(
-                "UPDATE sessions SET compute_state = ?, updated_at = ? WHERE session = ?",
-                [(h.compute_state, now, uid) for uid, h in heads.items() if h.touched],
+                "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ? "
+                "WHERE session = ?",
+                [(h.compute_state, now, h.seq, h.hash, uid) for uid, h in heads.items() if h.touched],
             )
 
     async def _heads(self, uids: Iterable[str]) -> dict[str, _Head]:
@@ -573,6 +603,7 @@ class SqliteStore:
             now = time.time_ns()
             await db.execute("UPDATE sessions SET deleted = 1, updated_at = ? WHERE session = ?", (now, uid))
             if purge:
+                await db.execute("UPDATE sessions SET last_seq = 0, last_hash = '' WHERE session = ?", (uid,))
                 await db.execute("DELETE FROM events WHERE session = ?", (uid,))
                 await db.execute("DELETE FROM tool_receipts WHERE session = ?", (uid,))
             return dataclasses.replace(_row_from(rec), update_time_ns=now)
@@ -650,8 +681,12 @@ class SqliteStore:
         return Head(seq=int(recs[0][0]), hash=str(recs[0][1]))
 
     async def verify(self, uid: str) -> int:
-        # Records up to the head seen now never change, so chunked reads need no snapshot.
-        last = (await self.head(uid)).seq
+        # The row's anchor is read first: records up to it never change, so chunked reads need no
+        # snapshot, and appends racing this verify land beyond it.
+        anchor = await self._read(
+            "verify", "SELECT last_seq, last_hash FROM sessions WHERE session = ?", (uid,)
+        )
+        last = int(anchor[0][0]) if anchor else (await self.head(uid)).seq
         checked = 0
         prev = ""
         while checked < last:
@@ -662,7 +697,9 @@ class SqliteStore:
                 (uid, checked, last, VERIFY_CHUNK),
             )
             if not recs:
-                raise TamperedError(uid, checked + 1, f"seq {checked + 1} is missing (head is {last})")
+                raise TamperedError(
+                    uid, checked + 1, f"seq {checked + 1} is missing (the head is seq {last})"
+                )
             for seq, prev_hash, digest, blob in recs:
                 checked += 1
                 if seq != checked:
@@ -676,6 +713,8 @@ class SqliteStore:
                 if content_hash(ev, prev, seq) != digest:
                     raise TamperedError(uid, seq, "content_hash does not match the recomputed hash")
                 prev = digest
+        if anchor and prev != anchor[0][1]:
+            raise TamperedError(uid, last, "the newest record is not the head recorded when it was appended")
         return checked
 
     async def fork(
@@ -732,7 +771,18 @@ class SqliteStore:
             ]
             await db.executemany(
                 _INSERT_ROW,
-                [_row_params(r, created=r.create_time_ns, updated=now, state=state, fence=0) for r in stored],
+                [
+                    _row_params(
+                        r,
+                        created=r.create_time_ns,
+                        updated=now,
+                        state=state,
+                        fence=0,
+                        last_seq=marker_seq,
+                        last_hash=digest,
+                    )
+                    for r in stored
+                ],
             )
             if at_seq > 0:
                 for uid in uids:
@@ -780,7 +830,15 @@ class SqliteStore:
                 raise SessionExistsError(f"session {row.uid} already exists")
             await db.execute(
                 _INSERT_ROW,
-                _row_params(stored, created=stored.create_time_ns, updated=now, state=state, fence=fence),
+                _row_params(
+                    stored,
+                    created=stored.create_time_ns,
+                    updated=now,
+                    state=state,
+                    fence=fence,
+                    last_seq=len(records),
+                    last_hash=prev,
+                ),
             )
             await db.executemany(_INSERT_EVENT, rows)
             return stored
@@ -860,7 +918,7 @@ async def _one(db: _Db, sql: str, params: Sequence[Any]) -> Any:
 
 
 async def _prepare(db: _Db, path: str, synchronous: str) -> None:
-    """Check the file is ours (or empty), switch to WAL, and create the schema on first use."""
+    """Check the file is ours (or empty), switch to WAL, and create or migrate the schema."""
     try:
         app_id, version, tables = await _identity(db)
     except sqlite3.DatabaseError as exc:
@@ -871,16 +929,16 @@ async def _prepare(db: _Db, path: str, synchronous: str) -> None:
         await db.execute(f"PRAGMA synchronous = {synchronous}")
         if app_id == APPLICATION_ID and version == SCHEMA_VERSION:
             return
-        # Several processes may open a fresh file at once: create under the write lock, re-checking.
+        # Several processes may open the file at once: migrate under the write lock, re-checking.
         await db.execute("BEGIN IMMEDIATE")
         try:
             app_id, version, tables = await _identity(db)
             _check_identity(path, app_id, version, tables)
-            if app_id == 0:
-                for statement in _SCHEMA:
+            for statements in _MIGRATIONS[version:]:
+                for statement in statements:
                     await db.execute(statement)
-                await db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            await db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             await db.execute("COMMIT")
         except BaseException:
             await db.execute("ROLLBACK")
