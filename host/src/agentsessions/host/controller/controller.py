@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
     ControllerError,
@@ -153,6 +154,7 @@ class Controller:
         stream_deltas: bool = True,
         cancel_grace_s: float = 5.0,
         new_id: Callable[[], str] | None = None,
+        approval_policy: ApprovalPolicy | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -165,6 +167,8 @@ class Controller:
         # Execution and model-call ids: 16 random hex digits (injectable for reproducible journals).
         self.new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         self.cache = JournalCache(store)
+        # Host decisions at approval gates (rules, session grants, expiry): approval_policy.py.
+        self.approval_policy = approval_policy or ApprovalPolicy()
         self._guards: dict[str, asyncio.Lock] = {}
         self._running: dict[str, _Running] = {}
 
@@ -202,7 +206,45 @@ class Controller:
         return await self.cache.executions(row.uid, row.fork_seq)
 
     async def view(self, uid: str) -> SessionView:
-        return await self._view(await self._row(uid))
+        row = await self._row(uid)
+        view = await self._view(row)
+        if view.exec_state == session_pb2.EXEC_AWAITING and await self._settle_if_free(row):
+            view = await self._view(await self._row(uid))
+        return view
+
+    async def _settle_if_free(self, row: SessionRow) -> bool:
+        """Looking at an awaiting session applies the host's own decisions (an expiry above all)."""
+        lock = self._guards.get(row.uid)
+        if lock is not None and lock.locked():
+            return False  # whoever holds the session (maybe this call's caller) acts on it
+        async with self._guard(row.uid):
+            return await self._settle_gate(row)
+
+    async def _settle_gate(
+        self, row: SessionRow, fence: int | None = None, obs: _Observer | None = None
+    ) -> bool:
+        """Journal the approval policy's decision (rule, session grant, expiry) on the latest
+        execution's undecided request, if it has one; True when a decision was journaled."""
+        events, executions = await self._executions(row)
+        gate = _open_gate(events, executions)
+        if gate is None or gate.decided or gate.request_seq == 0:
+            return False
+        decision = self.approval_policy.settle(
+            row.project, row.uid, row.fork_seq, events, gate.execution.id, gate.tool_call_id, gate.request_seq
+        )
+        if decision is None:
+            return False
+        if fence is None:
+            fence = await self.store.new_fence(row.uid)
+        (rec,) = await self._append(row.uid, [decision], len(events), fence)
+        if obs is not None:
+            await obs.record(rec)
+        return True
+
+    def _session_gate(self, row: SessionRow) -> SessionGate:
+        return SessionGate(
+            self.approval_policy, row.uid, row.project, row.fork_seq, lambda: self.cache.events(row.uid)
+        )
 
     async def _view(self, row: SessionRow) -> SessionView:
         if row.last_seq == 0:
@@ -378,7 +420,9 @@ class Controller:
             if not gate.decided:
                 if gate.request_seq == 0:
                     await self._repair_gate(row.uid, gate, await self.store.new_fence(row.uid))
-                return session_view_proto(await self.view(row.uid))
+                if not await self._settle_gate(row, obs=obs):
+                    return session_view_proto(await self.view(row.uid))
+                gate.execution = latest_execution((await self._executions(row))[1]) or gate.execution
             parked = await self._recover(row, gate.execution, obs)
             return parked if parked is not None else session_view_proto(await self.view(row.uid))
         events = await self.cache.events(row.uid)
@@ -420,6 +464,7 @@ class Controller:
             tools=self.tools,
             on_delta=obs.delta if self.stream_deltas else None,
             new_id=self.new_id,
+            gate=self._session_gate(row),
         )
         return await self._drive(row.uid, resolved, start, sink, writer, obs, p.deadline_unix)
 
@@ -531,7 +576,9 @@ class Controller:
                 if gate is not None and not gate.decided:
                     if gate.request_seq == 0:
                         await self._repair_gate(uid, gate, fence)
-                    return await self.view(uid)
+                    if not await self._settle_gate(row, fence):
+                        return await self.view(uid)
+                    latest = latest_execution((await self._executions(row))[1]) or latest
                 parked = await self._recover(row, latest, None, fence=fence)
                 if parked is not None:
                     return await self.view(uid)
@@ -584,6 +631,7 @@ class Controller:
             inherited_prefix=ex.inherited,
             redrive_trailing_model=not ex.legacy,
             new_id=self.new_id,
+            gate=self._session_gate(row),
         )
         return await self._drive(row.uid, resolved, start, sink, writer, obs)
 
@@ -811,8 +859,9 @@ class Controller:
                 if d.approved == approved and d.reason == reason and decision.actor == actor:
                     (rec,) = await self.store.read(uid, seq, seq)
                     return await self.view(uid), rec
+                by = f" by {decision.actor.principal}" if decision.actor.principal else ""
                 raise FailedPreconditionError(
-                    f"tool call {tool_call_id!r} was already decided at seq {seq} with different values"
+                    f"tool call {tool_call_id!r} was already decided at seq {seq}{by} with different values"
                 )
             if effect.reply is not None:
                 raise FailedPreconditionError(f"tool call {tool_call_id!r} already has a receipt")
@@ -821,6 +870,15 @@ class Controller:
                 raise FailedPreconditionError(
                     f"approval request {request_seq} is stale: "
                     f"execution {execution_id!r} is no longer the live turn"
+                )
+            assert effect.approval_request is not None
+            expired = self.approval_policy.expired(row.project, uid, effect.approval_request[1], request_seq)
+            if expired is not None:
+                fence = await self.store.new_fence(uid)
+                denial = expired.event(execution_id, tool_call_id, request_seq)
+                (rec,) = await self._append(uid, [denial], len(events), fence)
+                raise FailedPreconditionError(
+                    f"approval request {request_seq} {expired.reason}: the host denied it at seq {rec.seq}"
                 )
             fence = await self.store.new_fence(uid)
             ts = timestamp_pb2.Timestamp()

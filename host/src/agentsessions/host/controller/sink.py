@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from agentsessions.host.controller.approval_policy import SessionGate
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
@@ -58,6 +59,7 @@ class ExecutionSink:
         inherited_prefix: bool = False,
         redrive_trailing_model: bool = True,
         new_id: Callable[[], str] | None = None,
+        gate: SessionGate | None = None,
     ) -> None:
         self.session = session
         self.execution_id = execution_id
@@ -72,6 +74,7 @@ class ExecutionSink:
         self._inherited = inherited_prefix
         self._redrive_model = redrive_trailing_model
         self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
+        self._gate = gate
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None
         self._closed = False
@@ -263,15 +266,21 @@ class ExecutionSink:
 
     async def _approval_gate(self, call: common_pb2.ToolCall, effect: Effect) -> common_pb2.ToolResult:
         if effect.approval_request is None:
-            rec = await self._record(
-                common_pb2.Event(
-                    kind=K.EVENT_APPROVAL_REQUEST,
-                    approval=common_pb2.ApprovalRequest(tool_call_id=call.id),
-                )
+            request = common_pb2.Event(
+                kind=K.EVENT_APPROVAL_REQUEST, approval=common_pb2.ApprovalRequest(tool_call_id=call.id)
             )
+            if self._gate is not None:
+                self._gate.stamp_request(request)
+            rec = await self._record(request)
             request_seq = rec.seq
         else:
             request_seq = effect.approval_request[0]
+        if effect.approval_result is None and self._gate is not None:
+            # A decision of the host's own (policy rule, session grant) is journaled like a person's.
+            decided = await self._gate.decide(call, self.execution_id, request_seq)
+            if decided is not None:
+                rec = await self._record(decided)
+                effect.approval_result = (rec.seq, rec.event)
         if effect.approval_result is None:
             self.parked = ApprovalParkedError(
                 common_pb2.ApprovalRef(
