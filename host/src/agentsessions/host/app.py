@@ -22,6 +22,7 @@ from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.config import HostConfig
+from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
 from agentsessions.host.harnesslink import RemoteHarness
@@ -127,6 +128,7 @@ async def build_controller(config: HostConfig, app: App) -> Controller:
         registry_of_tools,
         default_project=config.project,
         purge_on_delete=config.purge_on_delete,
+        approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
     )
     app.controller = controller
     return controller

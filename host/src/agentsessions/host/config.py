@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+
 ENV_PREFIX = "AGENTSESSIONS_"
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -74,10 +76,14 @@ class HostConfig:
     tools_files: list[str] = field(default_factory=list)
     # DeleteSession drops the journal rows too (default: rows kept, session hidden).
     purge_on_delete: bool = False
+    # Host decisions at approval gates: rules, session grants, expiry (docs/approvals.md).
+    approval_policy: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
         journal_kind(self.journal)
+        if self.approval_policy is not None:
+            check_approval_policy(self.approval_policy)
         if not self.project:
             raise ConfigError("--project must not be empty")
         if self.log_level not in LOG_LEVELS:
@@ -163,6 +169,9 @@ class HostConfig:
             purge_on_delete=_flag(
                 getattr(args, "purge_on_delete", None), environ.get(ENV_PREFIX + "PURGE_ON_DELETE")
             ),
+            approval_policy=getattr(args, "approval_policy", None)
+            or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
+            or None,
         )
 
 
@@ -252,6 +261,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"DeleteSession also drops the session's journal rows "
         f"(env {env}PURGE_ON_DELETE; default: keep them)",
     )
+    parser.add_argument(
+        "--approval-policy",
+        metavar="PATH",
+        help=f"JSON or TOML approval policy: per-project rules, session grants, expiry "
+        f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
+    )
 
 
 def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
@@ -296,6 +311,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         f"Authorization sends 'Bearer <key>' "
         f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
     )
+
+
+def check_approval_policy(path: str) -> None:
+    """Load the policy once so a bad file stops startup with a message naming it."""
+    try:
+        ApprovalPolicy.from_file(path)
+    except ApprovalPolicyError as exc:
+        raise ConfigError(f"--approval-policy {exc}") from None
 
 
 def journal_kind(location: str) -> JournalKind:
