@@ -391,3 +391,80 @@ async def _pg_read(url: str, uid: str) -> Sequence[common_pb2.LogRecord]:
         return await store.read(uid)
     finally:
         await store.close()
+
+
+# -- journals written by the Go reference host ------------------------------------------------
+
+REFERENCE_SCHEMA = (
+    "CREATE TABLE sessions (session TEXT PRIMARY KEY, fence INTEGER NOT NULL DEFAULT 0, "
+    "project TEXT NOT NULL DEFAULT '', name TEXT NOT NULL DEFAULT '', harness TEXT NOT NULL DEFAULT '', "
+    "model TEXT NOT NULL DEFAULT '', parent_uid TEXT NOT NULL DEFAULT '', "
+    "fork_seq INTEGER NOT NULL DEFAULT 0, "
+    "compute_state TEXT NOT NULL DEFAULT 'NONE', created_at INTEGER NOT NULL DEFAULT 0, "
+    "updated_at INTEGER NOT NULL DEFAULT 0, labels TEXT, annotations TEXT, origin TEXT, identity TEXT)",
+    "CREATE TABLE events (session TEXT NOT NULL, seq INTEGER NOT NULL, prev_hash TEXT NOT NULL, "
+    "hash TEXT NOT NULL, fence INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY (session, seq))",
+    "CREATE INDEX sessions_project_created ON sessions(project, created_at DESC, session)",
+    "PRAGMA user_version = 2",
+)
+
+
+def reference_journal(path: Path) -> dict[str, list[gojson.GoRecord]]:
+    """A SQLite file in the Go host's layout (spec 3.5) holding two fixture journals."""
+    sessions = {
+        "sess-go-done": gojson.load_records(FIXTURES / "completed.json"),
+        "sess-go-mixed": gojson.load_records(FIXTURES / "mixed-completed.json"),
+    }
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        for statement in REFERENCE_SCHEMA:
+            db.execute(statement)
+        for i, (uid, records) in enumerate(sessions.items()):
+            db.execute(
+                "INSERT INTO sessions (session, fence, project, harness, created_at, updated_at, "
+                "labels, identity) VALUES (?, 3, 'default', 'echo', ?, ?, ?, ?)",
+                (uid, 1000 + i, 1000 + i, json.dumps({"team": "go"}), json.dumps({"Principal": "alice"})),
+            )
+            db.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                [(uid, r.seq, r.prev_hash, r.hash, r.fence, r.event.SerializeToString()) for r in records],
+            )
+    return sessions
+
+
+async def test_a_go_reference_journal_verifies_and_exports_read_only(tmp_path: Path) -> None:
+    go_db = tmp_path / "go.db"
+    sessions = reference_journal(go_db)
+    before = file_digest(go_db)
+    total = sum(len(r) for r in sessions.values())
+    run = await journal("verify", "--journal", go_db)
+    assert run.code == 0, run.err
+    assert f"2 sessions, {total} records verified" in run.out
+
+    out = tmp_path / "ours.db"
+    exported = await journal("export", "--journal", go_db, "--out", out)
+    assert exported.code == 0, exported.err
+    assert file_digest(go_db) == before
+    checked = await journal("verify", "--journal", out)
+    assert checked.code == 0, checked.err
+    store = await SqliteStore.open(out)
+    try:
+        row = await store.get_session("sess-go-mixed")
+        assert row is not None
+        assert (row.project, row.harness, dict(row.labels)) == ("default", "echo", {"team": "go"})
+        assert row.identity is not None and row.identity.principal == "alice"
+        stored = await store.read("sess-go-mixed")
+    finally:
+        await store.close()
+    assert [(r.seq, r.content_hash, r.fence) for r in stored] == [
+        (g.seq, g.hash, g.fence) for g in sessions["sess-go-mixed"]
+    ]
+
+
+async def test_a_tampered_go_reference_journal_is_named(tmp_path: Path) -> None:
+    go_db = tmp_path / "go.db"
+    reference_journal(go_db)
+    sql(go_db, "UPDATE events SET hash = ? WHERE session = 'sess-go-mixed' AND seq = 5", ("0" * 64,))
+    run = await journal("verify", "--journal", go_db)
+    assert run.code == 1
+    assert "session sess-go-mixed seq 5" in run.err
+    assert "sess-go-done" not in run.err

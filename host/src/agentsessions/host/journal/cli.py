@@ -9,6 +9,9 @@ A journal is named by ``--journal``: a SQLite file (``path`` or ``sqlite:///path
 * ``import`` loads a journal the Go reference host dumped as JSON into a new session, records
   verbatim (stored hashes and fences), after checking every hash.
 
+``verify`` and ``export`` also read a SQLite journal the Go reference host wrote (its own
+layout, spec 3.5), read-only: exporting one is how its sessions move to this host.
+
 Exit status: 0 success, 1 a chain does not verify, 2 bad input (nothing was written).
 """
 
@@ -16,24 +19,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
+import sqlite3
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import aiosqlite
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
 from agentsessions.host.journal import gojson
 from agentsessions.host.journal.canon import content_hash
 from agentsessions.host.journal.postgres import PostgresStore, redact_url
-from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.host.journal.sqlite import APPLICATION_ID, SqliteStore
 from agentsessions.host.journal.store import (
     JournalStore,
+    SchemaError,
     SessionRow,
     StoreError,
     TamperedError,
 )
-from agentsessions.v1 import common_pb2
+from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_TAMPERED", "add_parser"]
 
@@ -60,6 +70,17 @@ class _Importer(Protocol):
 
 class _VerbatimStore(JournalStore, _Importer, Protocol):
     """A JournalStore that can also take records verbatim (every backend here can)."""
+
+
+class _Source(Protocol):
+    """What verify and export read from a journal."""
+
+    async def session_uids(self) -> list[str]: ...
+    async def get_session(self, uid: str) -> SessionRow | None: ...
+    async def verify(self, uid: str) -> int: ...
+    async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]: ...
+    async def list_harnesses(self) -> list[harness_registry_pb2.HarnessRegistration]: ...
+    async def close(self) -> None: ...
 
 
 def add_parser(subparsers: Any) -> None:
@@ -157,11 +178,193 @@ async def _open(target: str, *, create: bool) -> _VerbatimStore:
     return await SqliteStore.open(path)
 
 
+async def _open_source(target: str) -> _Source:
+    """Open ``--journal`` for reading: any store, or a Go reference SQLite journal."""
+    if not target.startswith(_POSTGRES_SCHEMES) and target != "memory:":
+        path = _sqlite_path(target)
+        _check_existing_file(path, "journal")
+        if await asyncio.to_thread(_is_reference_layout, path):
+            return await ReferenceJournal.open(path)
+    return await _open(target, create=False)
+
+
+def _is_reference_layout(path: Path) -> bool:
+    """A SQLite file laid out by the Go reference host: no application id of ours, schema
+    version 1 or 2, and its ``sessions`` and ``events`` tables."""
+    try:
+        db = sqlite3.connect(_read_only_uri(path), uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return False  # not a database: the store gives the precise error
+    finally:
+        db.close()
+    return app_id != APPLICATION_ID and version in (1, 2) and {"sessions", "events"} <= tables
+
+
+def check_chain(where: str, records: Sequence[common_pb2.LogRecord]) -> int:
+    """Recompute every link and hash of ``records`` (spec 3.2) from genesis; returns the count.
+
+    Raises TamperedError naming ``where`` and the first bad seq."""
+    prev = ""
+    for expected, rec in enumerate(records, start=1):
+        if rec.seq != expected:
+            raise TamperedError(where, expected, f"seq {expected} is missing (found seq {rec.seq})")
+        if rec.prev_hash != prev:
+            raise TamperedError(where, rec.seq, "prev_hash does not link to the previous record")
+        if content_hash(rec.event, prev, rec.seq) != rec.content_hash:
+            raise TamperedError(where, rec.seq, "content_hash does not match the recomputed hash")
+        prev = rec.content_hash
+    return len(records)
+
+
+_REFERENCE_SESSION_COLUMNS: Final = (
+    "project",
+    "name",
+    "harness",
+    "model",
+    "parent_uid",
+    "fork_seq",
+    "created_at",
+    "updated_at",
+    "labels",
+    "annotations",
+    "origin",
+    "identity",
+)
+
+
+def _read_only_uri(path: Path) -> str:
+    return f"{path.resolve().as_uri()}?mode=ro"
+
+
+class ReferenceJournal:
+    """A SQLite journal in the Go reference host's layout, opened read-only."""
+
+    def __init__(self, path: Path, db: aiosqlite.Connection, columns: set[str]) -> None:
+        self.path = path
+        self._db = db
+        self._columns = columns
+
+    @classmethod
+    async def open(cls, path: Path) -> ReferenceJournal:
+        try:
+            db = await aiosqlite.connect(_read_only_uri(path), uri=True)
+        except sqlite3.Error as exc:
+            raise SchemaError(f"cannot open SQLite journal {path}: {exc}") from None
+        try:
+            columns = {str(r[1]) for r in await db.execute_fetchall("PRAGMA table_info(sessions)")}
+        except sqlite3.Error as exc:
+            await db.close()
+            raise SchemaError(f"cannot read SQLite journal {path}: {exc}") from None
+        return cls(path, db, columns)
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return list(await self._db.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading {self.path} failed: {exc}") from exc
+
+    async def session_uids(self) -> list[str]:
+        rows = await self._fetch("SELECT session FROM sessions UNION SELECT session FROM events ORDER BY 1")
+        return [str(r[0]) for r in rows]
+
+    async def get_session(self, uid: str) -> SessionRow | None:
+        wanted = [c for c in _REFERENCE_SESSION_COLUMNS if c in self._columns]
+        select = ", ".join(wanted) if wanted else "session"
+        rows = await self._fetch(f"SELECT {select} FROM sessions WHERE session = ?", (uid,))
+        if not rows:
+            return None
+        got: dict[str, Any] = dict(zip(wanted, rows[0], strict=False))
+        return SessionRow(
+            uid=uid,
+            project=str(got.get("project") or ""),
+            name=str(got.get("name") or ""),
+            harness=str(got.get("harness") or ""),
+            model=str(got.get("model") or ""),
+            labels=_string_map(got.get("labels"), f"{uid} labels"),
+            annotations=_string_map(got.get("annotations"), f"{uid} annotations"),
+            origin=_message_or_none(common_pb2.Origin(), got.get("origin"), f"{uid} origin"),
+            identity=_message_or_none(common_pb2.IdentityRef(), got.get("identity"), f"{uid} identity"),
+            parent_uid=str(got.get("parent_uid") or ""),
+            fork_seq=int(got.get("fork_seq") or 0),
+            create_time_ns=int(got.get("created_at") or 0),
+            update_time_ns=int(got.get("updated_at") or 0),
+        )
+
+    async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
+        rows = await self._fetch(
+            "SELECT seq, prev_hash, hash, fence, event FROM events "
+            "WHERE session = ? AND seq >= ? AND (? = 0 OR seq <= ?) ORDER BY seq",
+            (uid, max(1, from_seq), to_seq, to_seq),
+        )
+        records = []
+        for seq, prev_hash, digest, fence, blob in rows:
+            rec = common_pb2.LogRecord(seq=seq, prev_hash=prev_hash, content_hash=digest, fence=fence)
+            try:
+                rec.event.ParseFromString(blob)
+            except Exception:
+                raise TamperedError(uid, int(seq), "stored event does not decode") from None
+            records.append(rec)
+        return records
+
+    async def verify(self, uid: str) -> int:
+        return check_chain(uid, await self.read(uid))
+
+    async def list_harnesses(self) -> list[harness_registry_pb2.HarnessRegistration]:
+        # The reference keeps its registry in its own shape; registrations are re-made with
+        # RegisterHarness, not copied.
+        return []
+
+    async def close(self) -> None:
+        await self._db.close()
+
+
+def _string_map(value: Any, what: str) -> dict[str, str]:
+    if value in (None, "", b""):
+        return {}
+    try:
+        loaded = json.loads(value)
+    except (TypeError, ValueError):
+        raise SchemaError(f"{what}: not a JSON object") from None
+    if not isinstance(loaded, dict):
+        if loaded is None:
+            return {}
+        raise SchemaError(f"{what}: not a JSON object")
+    return {str(k): str(v) for k, v in loaded.items()}
+
+
+def _message_or_none(message: Message, value: Any, what: str) -> Any:
+    """A JSON column as ``message`` (proto JSON, Go field names accepted); None when absent."""
+    if value in (None, "", b""):
+        return None
+    try:
+        loaded = json.loads(value)
+    except (TypeError, ValueError):
+        raise SchemaError(f"{what}: not a JSON object") from None
+    if loaded is None:
+        return None
+    if not isinstance(loaded, dict):
+        raise SchemaError(f"{what}: not a JSON object")
+    fields = {f.name for f in message.DESCRIPTOR.fields}
+    # Go's encoding/json spells fields like "Principal"; proto JSON like "principal".
+    lowered = {k.lower(): v for k, v in loaded.items() if k.lower() in fields and v not in (None, "", {})}
+    try:
+        json_format.ParseDict(lowered, message)
+    except json_format.ParseError as exc:
+        raise SchemaError(f"{what}: {exc}") from None
+    return message
+
+
 # -- verify -----------------------------------------------------------------------------------
 
 
 async def _verify(args: argparse.Namespace) -> int:
-    store = await _open(args.journal, create=False)
+    store = await _open_source(args.journal)
     try:
         uids = await store.session_uids()
         if args.session:
@@ -209,7 +412,7 @@ def _check_out(out: Path, *, force: bool) -> None:
 async def _export(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _check_out(out, force=args.force)
-    source = await _open(args.journal, create=False)
+    source = await _open_source(args.journal)
     # Written beside the target and renamed into place, so --out is either the old file or
     # a complete export, never half of one.
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
@@ -252,20 +455,6 @@ async def _export(args: argparse.Namespace) -> int:
 # -- import -----------------------------------------------------------------------------------
 
 
-def _check_chain(fixture: Path, records: Sequence[common_pb2.LogRecord]) -> None:
-    """Every link and hash of a dump, recomputed (spec 3.2); TamperedError names the first bad seq."""
-    prev = ""
-    for expected, rec in enumerate(records, start=1):
-        where = str(fixture)
-        if rec.seq != expected:
-            raise TamperedError(where, expected, f"seq {expected} is missing (found seq {rec.seq})")
-        if rec.prev_hash != prev:
-            raise TamperedError(where, rec.seq, "PrevHash does not link to the previous record")
-        if content_hash(rec.event, prev, rec.seq) != rec.content_hash:
-            raise TamperedError(where, rec.seq, "Hash does not match the recomputed content hash")
-        prev = rec.content_hash
-
-
 async def _import(args: argparse.Namespace) -> int:
     fixture = Path(args.fixture)
     _check_existing_file(fixture, "fixture")
@@ -279,7 +468,7 @@ async def _import(args: argparse.Namespace) -> int:
     if not records:
         raise InputError(f"fixture {fixture}: holds no records")
     try:
-        _check_chain(fixture, records)
+        check_chain(str(fixture), records)
     except TamperedError as exc:
         print(
             f"FAILED: {fixture} record seq {exc.seq}: {exc.why}; nothing imported",
