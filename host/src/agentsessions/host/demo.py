@@ -3,7 +3,9 @@
 It starts an embedded host (SQLite journal in a temporary directory, built-in echo model and
 harnesses) on a loopback port — or talks to ``--server HOST:PORT`` — then creates a session,
 runs two turns, replays the journal, verifies the hash chain record by record, forks the
-session and continues the child, printing each step.
+session and continues the child, printing each step. Then, on an embedded host of its own, the
+coding agent asks before it writes a file (``agentsessions.host.coding_demo``; ``--coding`` runs
+only that part).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentsessions.client import SessionsClient
+from agentsessions.host.coding_demo import coding_walkthrough
 from agentsessions.host.config import HostConfig
 from agentsessions.host.journal import canon
 from agentsessions.host.server import serve
@@ -113,8 +116,17 @@ async def run(server: str | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentsessions.host.demo", description=__doc__)
     parser.add_argument("--server", help="use a running host instead of an embedded one")
+    parser.add_argument("--coding", action="store_true", help="run only the coding-agent part")
     args = parser.parse_args(argv)
-    return asyncio.run(run(args.server))
+    return asyncio.run(both_parts(args.server, args.coding))
+
+
+async def both_parts(server: str | None, coding_only: bool) -> int:
+    """The sessions walkthrough, then (embedded only: it needs a scripted model) the coding agent."""
+    code = 0 if coding_only else await run(server)
+    if code == 0 and not server:
+        code = await coding_walkthrough()
+    return code
 
 
 if __name__ == "__main__":
