@@ -115,20 +115,22 @@ class CrashScenario:
         self.harness = HarnessProcess(
             "tests.support.crash_harness:CrashHarness", f"unix:{socket_dir / 'harness.sock'}", tmp
         )
-        self.host = HostProcess(
-            self.journal,
-            tmp,
-            [
-                "--harness",
-                f"{HARNESS}={self.harness.address}",
-                "--model",
-                "chaos-model",
-                "--model-base-url",
-                model.base_url,
-                "--tool-executor",
-                "python:tests.support.effect_tool:record_effect",
-            ],
-        )
+        self.tmp = tmp
+        self.host_args = [
+            "--harness",
+            f"{HARNESS}={self.harness.address}",
+            "--model",
+            "chaos-model",
+            "--model-base-url",
+            model.base_url,
+            "--tool-executor",
+            "python:tests.support.effect_tool:record_effect",
+        ]
+        self.host = HostProcess(self.journal, tmp, self.host_args)
+
+    def another_host(self, name: str) -> HostProcess:
+        """A second host on the same journal, harness, model and tool (not started)."""
+        return HostProcess(self.journal, self.tmp, self.host_args, name=name)
 
     async def start(self) -> None:
         # The host dials its harness only when a turn needs it, so both can start at once.
@@ -160,8 +162,13 @@ class CrashScenario:
             return self.model.held.is_set()
         if cut == "during_tool_call":
             return (self.control / effect_tool.ENTERED).exists()
+        stops = self.harness_stops()
+        return bool(stops) and stops[-1] == cut
+
+    def harness_stops(self) -> list[str]:
+        """The cut point of every harness run that stopped, in order."""
         blocked = self.control / crash_harness.BLOCKED
-        return blocked.exists() and blocked.read_text() == cut
+        return blocked.read_text().splitlines() if blocked.exists() else []
 
     async def wait_for_cut(self, turn: ExecInFlight, cut: str) -> None:
         """Until the turn stands at ``cut`` with exactly the journal prefix the script puts there."""

@@ -267,6 +267,42 @@ class TestRepeatedCrashDuringRecovery:
         await verify_chain(scenario, uid, records)
 
 
+class TestStalledHostIsFenced:
+    """A host that stalls mid-turn (alive, not killed) while a second host on the same journal
+    resumes the turn: the resume's fence supersedes the stalled writer, so when it wakes its next
+    intent is refused before any effect; the turn completes once, through the second host."""
+
+    async def test_woken_writer_writes_nothing(self, scenario: CrashScenario) -> None:
+        cut = "after_usage"
+        turn = scenario.exec_turn(cut)
+        await scenario.wait_for_cut(turn, cut)
+        uid = turn.session
+        seen = list(turn.records)
+
+        second = scenario.another_host("second")
+        try:
+            await second.start()
+            # The second host's re-drive serves the recorded effects and stops at the same cut.
+            resuming = asyncio.ensure_future(
+                second.sessions.Resume(session_pb2.ResumeRequest(session=uid), timeout=60)
+            )
+            await wait_until("the second run to stop", lambda: scenario.harness_stops() == [cut, cut])
+            scenario.release()  # both runs go on; only the second host may write
+
+            assert await turn.status() == grpc.StatusCode.ABORTED
+            session = await resuming
+            assert session.exec_state == session_pb2.EXEC_COMPLETED
+            records = [r async for r in second.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
+            assert records[: len(seen)] == seen
+            assert_recovered(scenario, records, cut=cut, killed="nothing")
+            # Everything after the cut was written under the second host's (newer) fence.
+            assert {r.fence for r in records[len(seen) :]} == {records[-1].fence}
+            assert records[-1].fence > seen[-1].fence
+            await verify_chain(scenario, uid, records)
+        finally:
+            await second.close()
+
+
 class TestCrashMidTurnRedriveAtMostOnce:
     """Every effect journaled, END missing (the host died first): Resume re-runs the harness against
     the recorded effects only, so it costs no model call and no tool run, keeps the execution id,

@@ -14,7 +14,7 @@ the host returned before (so a recovered run asks for exactly what was recorded)
 7. output ``done: B``
 
 The turn's config is JSON: ``{"dir": <control directory>, "cut": <cut point>}``. At the cut point
-the run stops and waits for a ``dir/release`` marker (noting where in ``dir/blocked``), so the host is
+the run stops and waits for a ``dir/release`` marker (adding a line to ``dir/blocked``), so the host is
 idle there, provably past the point. A test creates the marker before it recovers the turn, so a
 later incarnation runs straight through. ``during_tool_call`` is held by the tool itself (it gets
 ``hold`` in its arguments); ``during_model_call`` by the model endpoint.
@@ -125,7 +125,8 @@ async def _stop_if(control: Path, cut: str, point: str) -> None:
     """At the cut point of a first incarnation, wait for the release marker (bounded)."""
     if cut != point or (control / RELEASE).exists():
         return
-    (control / BLOCKED).write_text(point)
+    with (control / BLOCKED).open("a") as stops:  # one line per run that stopped
+        stops.write(point + "\n")
     async with asyncio.timeout(HOLD_LIMIT_S):
         # Polled: the release marker comes from another process.
         while not (control / RELEASE).exists():  # noqa: ASYNC110

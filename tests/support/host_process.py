@@ -53,7 +53,8 @@ def _serving_address(line: bytes) -> str | None:
 class HostProcess:
     """``agentsessions serve`` over one journal, restartable; ``sessions`` talks to the live one."""
 
-    def __init__(self, journal: Path, log_dir: Path, args: Sequence[str] = ()) -> None:
+    def __init__(self, journal: Path, log_dir: Path, args: Sequence[str] = (), *, name: str = "host") -> None:
+        self.name = name
         self.journal = journal
         self.log_dir = log_dir
         self.args = list(args)
@@ -67,7 +68,7 @@ class HostProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.log_dir / f"host-{self.incarnation}.log"
+        return self.log_dir / f"{self.name}-{self.incarnation}.log"
 
     @property
     def sessions(self) -> session_pb2_grpc.SessionsStub:
