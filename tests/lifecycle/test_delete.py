@@ -87,6 +87,9 @@ async def test_a_deleted_session_is_gone_but_its_journal_is_kept(
         recs = await journal(store, uid)
         assert kinds(recs) == ["EXECUTION_START", "INPUT", "MODEL_CALL", "OUTPUT", "END"]
         assert await store.verify(uid) == 5
+        # Replay never checks existence (spec 1.1): the kept records still stream, verbatim.
+        replayed = [r async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
+        assert replayed == recs
 
     reopened = await open_store(journal_path)
     try:
@@ -113,6 +116,7 @@ async def test_purge_on_delete_drops_the_journal_and_tool_receipts(store: Journa
         await delete(host, uid)
         await assert_gone(host, uid)
         assert await journal(store, uid) == []
+        assert [r async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))] == []
         assert await store.get_tool_receipt(uid, key) is None
 
 
