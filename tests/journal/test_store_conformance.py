@@ -166,6 +166,18 @@ async def test_fencing(store: JournalStore) -> None:
     assert await store.new_fence("s") == 3
 
 
+async def test_fence_minted_only_at_the_expected_head(store: JournalStore) -> None:
+    await new_session(store, "s")
+    assert await store.new_fence("s", expected_head=0) == 1
+    await store.append("s", [inp("a")], expected_head=0, fence=1)
+    with pytest.raises(ConflictError):
+        await store.new_fence("s", expected_head=0)  # lost the race for head 0: no fence minted
+    assert await store.new_fence("s", expected_head=1) == 2
+    with pytest.raises(ConflictError):
+        await store.new_fence("s", expected_head=5)
+    assert await store.new_fence("s") == 3
+
+
 async def test_fences_are_per_session(store: JournalStore) -> None:
     await new_session(store, "a")
     await new_session(store, "b")

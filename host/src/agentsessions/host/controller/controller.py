@@ -235,7 +235,7 @@ class Controller:
         if decision is None:
             return False
         if fence is None:
-            fence = await self.store.new_fence(row.uid)
+            fence = await self._mint(row.uid, len(events))
         (rec,) = await self._append(row.uid, [decision], len(events), fence)
         if obs is not None:
             await obs.record(rec)
@@ -336,6 +336,14 @@ class Controller:
         self.cache.appended(uid, records)
         return records
 
+    async def _mint(self, uid: str, head: int) -> int:
+        """A new fence for this incarnation, minted only while the journal head is ``head``:
+        a writer that lost the race for the head never supersedes the one that won it."""
+        try:
+            return await self.store.new_fence(uid, expected_head=head)
+        except ConflictError as exc:
+            raise ConcurrencyError(f"session {uid}: {exc}") from exc
+
     def _writer(
         self,
         uid: str,
@@ -419,7 +427,7 @@ class Controller:
             gate = turn.recovery
             if not gate.decided:
                 if gate.request_seq == 0:
-                    await self._repair_gate(row.uid, gate, await self.store.new_fence(row.uid))
+                    await self._repair_gate(row.uid, gate)
                 if not await self._settle_gate(row, obs=obs):
                     return session_view_proto(await self.view(row.uid))
                 gate.execution = latest_execution((await self._executions(row))[1]) or gate.execution
@@ -428,7 +436,7 @@ class Controller:
         events = await self.cache.events(row.uid)
         expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
         history = list(events)
-        fence = await self.store.new_fence(row.uid)
+        fence = await self._mint(row.uid, expected)
         execution_id = self.new_id()
         start_event = common_pb2.Event(
             execution_id=execution_id,
@@ -570,7 +578,7 @@ class Controller:
             row = await self._row(uid)
             events, executions = await self._executions(row)
             latest = latest_execution(executions)
-            fence = await self.store.new_fence(uid)
+            fence = await self._mint(uid, len(events))
             if latest is not None and not latest.completed:
                 gate = _open_gate(events, executions)
                 if gate is not None and not gate.decided:
@@ -585,8 +593,10 @@ class Controller:
             await self._marker(uid, fence, common_pb2.Lifecycle(kind=LK.LIFECYCLE_RESUME))
             return await self.view(uid)
 
-    async def _repair_gate(self, uid: str, gate: Gate, fence: int) -> None:
+    async def _repair_gate(self, uid: str, gate: Gate, fence: int | None = None) -> None:
         head = await self.store.head(uid)
+        if fence is None:
+            fence = await self._mint(uid, head.seq)
         await self._append(
             uid,
             [
@@ -615,7 +625,7 @@ class Controller:
             )
         start, resolved = await self._reconstruct(row, ex, events)
         if fence is None:
-            fence = await self.store.new_fence(row.uid)
+            fence = await self._mint(row.uid, len(events))
         writer = self._writer(
             row.uid, fence, len(events), obs.record if obs else None, strip_execution_id=ex.legacy
         )
@@ -746,7 +756,7 @@ class Controller:
             row = await self._row(uid)
             resolved = await self.catalog.resolve(row.harness)
             snapshot = await resolved.placed_on().snapshot(uid)
-            fence = await self.store.new_fence(uid)
+            fence = await self._mint(uid, (await self.store.head(uid)).seq)
             await self._marker(uid, fence, snapshot.suspend_marker())
             return await self.view(uid)
 
@@ -874,13 +884,13 @@ class Controller:
             assert effect.approval_request is not None
             expired = self.approval_policy.expired(row.project, uid, effect.approval_request[1], request_seq)
             if expired is not None:
-                fence = await self.store.new_fence(uid)
+                fence = await self._mint(uid, len(events))
                 denial = expired.event(execution_id, tool_call_id, request_seq)
                 (rec,) = await self._append(uid, [denial], len(events), fence)
                 raise FailedPreconditionError(
                     f"approval request {request_seq} {expired.reason}: the host denied it at seq {rec.seq}"
                 )
-            fence = await self.store.new_fence(uid)
+            fence = await self._mint(uid, len(events))
             ts = timestamp_pb2.Timestamp()
             ts.GetCurrentTime()
             event = common_pb2.Event(
@@ -924,7 +934,7 @@ class Controller:
             gate = _open_gate(events, executions)
             if gate is None or (execution_id and execution_id != gate.execution.id):
                 return
-            fence = await self.store.new_fence(uid)
+            fence = await self._mint(uid, len(events))
             end = common_pb2.Event(
                 execution_id=gate.execution.id,
                 kind=K.EVENT_END,

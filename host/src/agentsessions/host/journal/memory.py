@@ -169,8 +169,14 @@ class MemoryStore:
                 del self._receipts[key]
         return deleted
 
-    async def new_fence(self, uid: str) -> int:
+    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
         self._check_open("new fence")
+        if expected_head is not None:
+            head = (await self.head(uid)).seq
+            if head != expected_head:
+                raise ConflictError(
+                    f"expected head {expected_head} does not match head {head} of session {uid}"
+                )
         session = self._sessions.get(uid)
         if session is None:
             now = time.time_ns()

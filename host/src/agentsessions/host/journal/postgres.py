@@ -490,8 +490,26 @@ class PostgresStore:
                 await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
         return _row_from_record(rec)
 
-    async def new_fence(self, uid: str) -> int:
+    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
         now = _now_ns()
+        if expected_head is not None:
+            async with self._conn("new fence") as conn:
+                # The row lock orders this mint against appends, which lock the same row.
+                value = await conn.fetchval(
+                    """
+                    UPDATE sessions SET fence = fence + 1 WHERE uid = $1 AND last_seq = $2
+                    RETURNING fence
+                    """,
+                    uid,
+                    expected_head,
+                )
+                if value is not None:
+                    return int(value)
+                head = await conn.fetchval("SELECT last_seq FROM sessions WHERE uid = $1", uid)
+            if head is not None or expected_head != 0:
+                raise ConflictError(
+                    f"expected head {expected_head} does not match head {head or 0} of session {uid}"
+                )
         async with self._conn("new fence") as conn:
             value = await conn.fetchval(
                 """

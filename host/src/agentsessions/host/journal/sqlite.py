@@ -610,9 +610,16 @@ class SqliteStore:
 
         return await self._write("delete session", apply)
 
-    async def new_fence(self, uid: str) -> int:
+    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
         async def apply(db: _Db) -> int:
             now = time.time_ns()
+            if expected_head is not None:
+                row = await _one(db, "SELECT last_seq FROM sessions WHERE session = ?", (uid,))
+                head = int(row[0]) if row is not None else 0
+                if head != expected_head:
+                    raise ConflictError(
+                        f"expected head {expected_head} does not match head {head} of session {uid}"
+                    )
             rec = await _one(
                 db,
                 """

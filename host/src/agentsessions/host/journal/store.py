@@ -109,8 +109,13 @@ class JournalStore(Protocol):
         """Mark a session deleted (purge=True also drops its events). Raises SessionNotFoundError."""
         ...
 
-    async def new_fence(self, uid: str) -> int:
-        """Mint the next fencing token for a session (monotonic, first is 1)."""
+    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
+        """Mint the next fencing token for a session (monotonic, first is 1).
+
+        With ``expected_head``, mint only while the journal's head is exactly that seq (else
+        ConflictError and the fence is unchanged): a writer that lost the race for the head
+        never supersedes the writer that won it, so of two hosts starting a turn at the same
+        head exactly one proceeds."""
         ...
 
     async def append(
