@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-from agentsessions.host.models.provider import DeltaCallback, ModelProvider
+from agentsessions.host.models.provider import DeltaCallback, ModelError, ModelProvider
 from agentsessions.v1 import common_pb2, harness_pb2
 
 
@@ -100,3 +100,20 @@ class RandomModelServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=10)
+
+
+class FlakyModel:
+    """Fails every call while ``down`` is set (as a provider outage), else answers like ``inner``."""
+
+    def __init__(self, inner: ModelProvider) -> None:
+        self._inner = inner
+        self.down = True
+        self.attempts = 0
+
+    async def complete(
+        self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
+    ) -> harness_pb2.ModelResult:
+        self.attempts += 1
+        if self.down:
+            raise ModelError("provider unavailable (test outage)")
+        return await self._inner.complete(call, on_delta)

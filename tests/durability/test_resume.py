@@ -14,10 +14,11 @@ import pytest
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.host.controller.inputhash import model_input_hash
 from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.models.echo import EchoModel
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.durability.harnesses import ToolCaller, lookup_call, served
-from tests.durability.models import CountingModel
+from tests.durability.models import CountingModel, FlakyModel
 from tests.durability.wire import K, append_raw, chain, kinds, new_session, records, say, text_of
 from tests.support.host import HostUnderTest, counting_ids, running_host, text_input
 
@@ -165,6 +166,38 @@ class TestResumeInterruptedTurn:
         assert why in (err.value.details() or "")
         assert await chain(host.store, uid) == before
         assert model.calls == []
+
+
+class TestResumeAfterProviderError:
+    async def test_the_model_call_is_redriven_after_the_error_without_a_second_intent(
+        self, store: JournalStore, wire_echo: str
+    ) -> None:
+        flaky = FlakyModel(EchoModel())
+        async with running_host(store, remote={"wire-echo": wire_echo}, model=flaky) as host:
+            uid = await new_session(host, "wire-echo")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await host.exec(say(uid, "hi"))
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "provider unavailable" in (err.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError):
+                await resume(host, uid)  # still down: the failed re-drive is journaled, nothing else
+            assert kinds(await store.read(uid)) == [
+                "EVENT_EXECUTION_START",
+                "EVENT_INPUT",
+                "EVENT_MODEL_CALL",
+                "EVENT_ERROR",
+                "EVENT_ERROR",
+            ]
+            flaky.down = False
+            resumed = await resume(host, uid)
+            assert resumed.exec_state == session_pb2.EXEC_COMPLETED
+            recs = await store.read(uid)
+            assert kinds(recs[5:]) == ["EVENT_OUTPUT", "EVENT_END", "EVENT_LIFECYCLE:LIFECYCLE_RESUME"]
+            assert text_of(recs[5]) == "echo:hi" and recs[5].event.execution_id == recs[0].event.execution_id
+            assert kinds(recs).count("EVENT_MODEL_CALL") == 1
+            assert flaky.attempts == 3
+            report = await host.controller.replay(uid)
+            assert report.outputs == ["echo:hi"] and flaky.attempts == 3
 
 
 class CountingTools:
