@@ -19,10 +19,13 @@ import grpc
 import pytest
 
 from agentsessions.host import cli
-from agentsessions.v1 import session_pb2
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.sdk.harness import message_text
+from agentsessions.v1 import common_pb2, session_pb2
+from tests.durability.harnesses import StartRecorder, served
 from tests.durability.models import CountingModel
-from tests.durability.wire import K, chain, journal_at, kinds, records, say, text_of
-from tests.support.host import HostUnderTest, running_host
+from tests.durability.wire import K, append_raw, chain, journal_at, kinds, new_session, records, say, text_of
+from tests.support.host import HostUnderTest, running_host, text_input
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "agentsessions-v0.1.2"
 # The model-input hash (I0) of the echo harness's request for "hello", as the Go writer recorded it.
@@ -65,8 +68,9 @@ async def go_host(
         yield host
 
 
-async def resume(host: HostUnderTest, name: str) -> session_pb2.Session:
-    resumed: session_pb2.Session = await host.sessions.Resume(session_pb2.ResumeRequest(session=uid_of(name)))
+async def resume(host: HostUnderTest, name: str = "", *, session: str = "") -> session_pb2.Session:
+    request = session_pb2.ResumeRequest(session=session or uid_of(name))
+    resumed: session_pb2.Session = await host.sessions.Resume(request)
     return resumed
 
 
@@ -193,6 +197,47 @@ async def test_mixed_interrupted_resume_completes_the_modern_execution(
         report = await host.controller.replay(uid_of("mixed-interrupted"))
         assert report.outputs == ["echo:hello", "echo:new"] and report.model_calls == 0
         assert await host.store.verify(uid_of("mixed-interrupted")) == 10
+
+
+async def test_a_new_exec_supersedes_an_abandoned_legacy_tail(
+    tmp_path: Path, model: CountingModel, wire_echo: str
+) -> None:
+    async with go_host(tmp_path, model, wire_echo, "crashed-model") as host:
+        uid = uid_of("crashed-model")
+        turn = records(await host.exec(say(uid, "new")))
+        assert turn[0].seq == 3 and text_of(turn[3]) == "echo:new"
+        report = await host.controller.replay(uid)
+        assert report.outputs == ["echo:new"] and report.model_calls == 0
+        await resume(host, session=uid)
+        assert kinds((await host.store.read(uid))[7:]) == ["EVENT_LIFECYCLE:LIFECYCLE_RESUME"]
+        assert len(model.calls) == 1, "the abandoned legacy turn is not re-driven"
+
+
+async def test_legacy_resume_runs_the_last_input_under_a_transport_only_id(
+    store: JournalStore, model: CountingModel
+) -> None:
+    recorder = StartRecorder()
+    async with (
+        served(recorder) as address,
+        running_host(store, remote={"recorder": address}, model=model) as host,
+    ):
+        uid = await new_session(host, "recorder")
+        id_less = [common_pb2.Event(kind=K.EVENT_INPUT, message=text_input(t)) for t in ("first", "second")]
+        await append_raw(store, uid, id_less)
+        await resume(host, session=uid)
+        (start,) = recorder.starts
+        assert [message_text(m) for m in start.inputs] == ["second"]
+        assert start.execution_id.startswith("legacy-") and len(start.execution_id) == len("legacy-") + 64
+        recs = await store.read(uid)
+        assert kinds(recs[2:]) == [
+            "EVENT_OUTPUT",
+            "EVENT_MODEL_CALL",
+            "EVENT_OUTPUT",
+            "EVENT_END",
+            "EVENT_LIFECYCLE:LIFECYCLE_RESUME",
+        ]
+        assert all(r.event.execution_id == "" for r in recs), "the transport id is never journaled"
+        assert text_of(recs[4]) == "echo:second"
 
 
 async def test_the_replay_command_on_a_go_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
