@@ -54,3 +54,18 @@ class GateHarness:
         async with asyncio.timeout(30):
             await self.release.wait()
         await sink.output("released")
+
+
+class SlowEchoHarness:
+    """Waits ``{"delay_s": N}`` (from the turn's config; default 0) after the turn's first
+    records are durable, then echoes: keeps a turn in flight long enough to race another host."""
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return _descriptor("slow-echo")
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        delay = float(json.loads(start.config or b"{}").get("delay_s", 0))
+        await asyncio.sleep(min(delay, 30.0))
+        await sink.model(
+            common_pb2.ModelCall(model="echo", messages=[text_message("user", start.last_input_text())])
+        )

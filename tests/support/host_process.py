@@ -53,7 +53,9 @@ def _serving_address(line: bytes) -> str | None:
 class HostProcess:
     """``agentsessions serve`` over one journal, restartable; ``sessions`` talks to the live one."""
 
-    def __init__(self, journal: Path, log_dir: Path, args: Sequence[str] = (), *, name: str = "host") -> None:
+    def __init__(
+        self, journal: Path | str, log_dir: Path, args: Sequence[str] = (), *, name: str = "host"
+    ) -> None:
         self.name = name
         self.journal = journal
         self.log_dir = log_dir

@@ -1,0 +1,144 @@
+"""Several host processes on one PostgreSQL journal (spec 4.5 across hosts).
+
+Two ``agentsessions serve`` replicas share a database and dial one harness process. The local
+guard cannot see across processes; fences minted at the expected head plus CAS on every append
+keep a single writer per session: of two racing turns exactly one proceeds, a superseded writer
+is fenced, and a session started on one replica continues on the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agentsessions.host.journal import open_store
+from agentsessions.v1 import common_pb2, session_pb2
+from tests.support.host import text_input
+from tests.support.host_process import HostProcess, repo_env
+from tests.support.processes import HarnessProcess, harness_process, serve_argv
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+K = common_pb2.EventKind
+
+
+@pytest.fixture
+async def slow_harness() -> AsyncIterator[HarnessProcess]:
+    import os
+
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = repo_env()["PYTHONPATH"]
+    try:
+        async with harness_process(serve_argv("tests.support.harnesses:SlowEchoHarness")) as proc:
+            yield proc
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture
+async def replicas(
+    pg_url: str, slow_harness: HarnessProcess, tmp_path: Path
+) -> AsyncIterator[list[HostProcess]]:
+    hosts = [
+        HostProcess(pg_url, tmp_path, ["--harness", f"slow={slow_harness.address}"], name=name)
+        for name in ("host-a", "host-b")
+    ]
+    try:
+        for h in hosts:
+            await h.start()
+        yield hosts
+    finally:
+        for h in hosts:
+            await h.close()
+
+
+def turn(uid: str, text: str, delay_s: float = 0.0) -> session_pb2.ExecRequest:
+    return session_pb2.ExecRequest(
+        session=uid, inputs=[text_input(text)], config=json.dumps({"delay_s": delay_s}).encode()
+    )
+
+
+async def run(host: HostProcess, request: session_pb2.ExecRequest) -> list[session_pb2.ExecUpdate]:
+    return [u async for u in host.sessions.Exec(request)]
+
+
+async def create(host: HostProcess) -> str:
+    s = await host.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="slow"))
+    )
+    return str(s.metadata.uid)
+
+
+async def test_session_started_on_one_replica_continues_on_the_other(
+    replicas: list[HostProcess], pg_url: str
+) -> None:
+    a, b = replicas
+    uid = await create(a)
+    await run(a, turn(uid, "one"))
+    got = await b.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid))
+    assert got.last_seq == 5
+    updates = await run(b, turn(uid, "two"))
+    assert [u.record.seq for u in updates if u.WhichOneof("update") == "record"] == [6, 7, 8, 9, 10]
+    await b.sessions.Suspend(session_pb2.SuspendRequest(session=uid))
+    resumed = await a.sessions.Resume(session_pb2.ResumeRequest(session=uid))
+    assert resumed.compute_state == session_pb2.COMPUTE_LIVE
+    store = await open_store(pg_url)
+    try:
+        assert await store.verify(uid) == 12
+    finally:
+        await store.close()
+
+
+async def test_concurrent_exec_through_both_replicas_lets_exactly_one_proceed(
+    replicas: list[HostProcess], pg_url: str
+) -> None:
+    a, b = replicas
+    for attempt in range(3):
+        uid = await create(a)
+        outcomes = await asyncio.gather(
+            run(a, turn(uid, f"a{attempt}", delay_s=0.5)),
+            run(b, turn(uid, f"b{attempt}", delay_s=0.5)),
+            return_exceptions=True,
+        )
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        done = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert len(done) == 1 and len(failed) == 1, outcomes
+        assert isinstance(failed[0], grpc.aio.AioRpcError) and failed[0].code() == grpc.StatusCode.ABORTED
+        store = await open_store(pg_url)
+        try:
+            records = await store.read(uid)
+            await store.verify(uid)
+        finally:
+            await store.close()
+        ends = [r for r in records if r.event.kind == K.EVENT_END]
+        assert len(ends) == 1
+
+
+async def test_a_superseded_writer_is_fenced(replicas: list[HostProcess], pg_url: str) -> None:
+    a, b = replicas
+    uid = await create(a)
+    slow = a.sessions.Exec(turn(uid, "slow", delay_s=3.0))
+    first = [await slow.read() for _ in range(3)]  # session frame, EXECUTION_START, INPUT: durable
+    assert first[1].record.event.kind == K.EVENT_EXECUTION_START
+    taken = await run(b, turn(uid, "takeover"))
+    assert taken[-1].record.event.kind == K.EVENT_END
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        while await slow.read() != grpc.aio.EOF:
+            pass
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    store = await open_store(pg_url)
+    try:
+        records = await store.read(uid)
+        assert await store.verify(uid) == len(records)
+    finally:
+        await store.close()
+    texts = [p.text.text for r in records if r.event.kind == K.EVENT_OUTPUT for p in r.event.message.parts]
+    assert texts == ["echo:takeover"]
+    assert records[2].fence > records[0].fence  # B's incarnation superseded A's
