@@ -46,7 +46,9 @@ lint: $(STAMP)
 	$(VENV)/bin/buf lint
 	$(PY) ../shared/tools/check_wire.py --proto-root proto
 
+# The LangGraph comparison needs bench/requirements.txt; without it that one comparison is skipped.
 bench: $(STAMP)
+	$(PY) -m pip install -q -r bench/requirements.txt || echo "bench: LangGraph extras not installed"
 	$(PY) -m bench
 
 clean:

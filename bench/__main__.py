@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import journal
+from bench import journal, turns
 
-SUITES = ("journal",)
+SUITES = ("journal", "turns")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
@@ -30,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for suite in args.suites or SUITES:
         if suite == "journal":
             code = max(code, journal.run(quick=args.quick, backends=backends))
+        elif suite == "turns":
+            code = max(code, turns.run(quick=args.quick))
     return code
 
 

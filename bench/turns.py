@@ -1,0 +1,541 @@
+"""Turn-level benchmarks: the durable host against a bare gRPC floor, measured in one run.
+
+Every process is real and separate (client, host, harness), talking gRPC over loopback:
+
+* protocol floor: ``bench.turn_floor`` host and harness exchange exactly the frames of an echo turn
+  (Exec stream of 6 updates; Connect stream of Start, MODEL_CALL, ModelResult, END), no journal,
+  no hashing; turns/s for 1 and for 32 concurrent sessions;
+* durable host: ``agentsessions serve`` (SQLite journal, synchronous=FULL as shipped, built-in echo
+  model) with ``agentsessions-harness serve agentsessions.harnesses.echo:EchoHarness`` out of
+  process; the same client; ratio to the floor (goal >= 0.70). The same host on the memory journal
+  is reported beside it, to tell the disk's share of a turn from the host's own;
+* model round trip: one ``sink.model`` call in an out-of-process harness (the host journals
+  MODEL_CALL, runs the echo model, journals OUTPUT, replies) against a bare bidi ping-pong of the
+  same frames (goal <= 3x);
+* flatness: latency of turn 1,000 against turn 10 of one session (goal <= 1.2x);
+* LangGraph: a one-node echo graph on LangGraph's SqliteSaver, 1 and 32 threads (goal: the host
+  does at least 3x), when the optional extra (bench/requirements.txt) is installed.
+
+Throughputs are the best of ``repeats`` runs, floor and host interleaved. Results go to
+bench/results/turns.json and a table on stdout. Every process is stopped when the suite ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import selectors
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import grpc
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+RESULTS: Final = ROOT / "bench" / "results" / "turns.json"
+BIN: Final = Path(sys.executable).parent
+
+GOAL_FLOOR_RATIO: Final = 0.70
+GOAL_ROUND_TRIP_RATIO: Final = 3.0
+GOAL_FLATNESS: Final = 1.2
+GOAL_LANGGRAPH_RATIO: Final = 3.0
+CONCURRENT: Final = 32
+START_TIMEOUT_S: Final = 60.0
+# A client run may take its measuring window plus this much (startup, warmup, the last turns).
+CLIENT_SLACK_S: Final = 120.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    seconds: float  # measuring window of one throughput run
+    repeats: int  # throughput runs per configuration (best kept)
+    warmup: int  # untimed turns per session before each window
+    round_trips: int  # model calls timed (host-mediated and ping-pong alike)
+    flat_turns: int  # turns of the flatness session
+    flat_positions: tuple[int, int]  # early and late turn compared
+    flat_runs: int  # flatness sessions (median kept)
+
+
+FULL: Final = Sizes(
+    seconds=5.0,
+    repeats=2,
+    warmup=3,
+    round_trips=400,
+    flat_turns=1_010,
+    flat_positions=(10, 1_000),
+    flat_runs=3,
+)
+QUICK: Final = Sizes(
+    seconds=1.5,
+    repeats=1,
+    warmup=2,
+    round_trips=60,
+    flat_turns=110,
+    flat_positions=(10, 100),
+    flat_runs=1,
+)
+# Latencies around a position: turns position-5 .. position+5.
+FLAT_WINDOW: Final = 5
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Fleet:
+    """The benchmark's server processes; all of them are stopped when the fleet closes."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._procs: list[tuple[str, subprocess.Popen[str], TextIO]] = []
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[str]:
+        log = open(self.workdir / f"{name}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        self._procs.append((name, proc, log))
+        return proc
+
+    def announced(self, name: str, argv: Sequence[str]) -> str:
+        """Start a server that prints ``listening on ADDR``; returns ADDR."""
+        proc = self._spawn(name, argv)
+        assert proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            if not sel.select(START_TIMEOUT_S):
+                raise RuntimeError(f"{name} did not start within {START_TIMEOUT_S:g} s")
+        line = proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"{name} did not start: {line!r} (see {self.workdir / name}.log)")
+        return line.removeprefix("listening on ")
+
+    def host(self, name: str, journal: str, harnesses: dict[str, str]) -> str:
+        """Start ``agentsessions serve`` and wait until it accepts calls; returns its address."""
+        address = f"127.0.0.1:{_free_port()}"
+        argv = [str(BIN / "agentsessions"), "serve", "--listen", address, "--journal", journal]
+        for harness, target in harnesses.items():
+            argv += ["--harness", f"{harness}={target}"]
+        proc = self._spawn(name, argv)
+        with grpc.insecure_channel(address) as channel:
+            ready = grpc.channel_ready_future(channel)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                try:
+                    ready.result(timeout=0.5)
+                    break
+                except grpc.FutureTimeoutError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"{name} did not start (see {self.workdir / name}.log)") from None
+        return address
+
+    def close(self) -> None:
+        for _, proc, _ in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, log in self._procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            log.close()
+        self._procs.clear()
+
+
+@contextlib.contextmanager
+def fleet(workdir: Path) -> Iterator[Fleet]:
+    f = Fleet(workdir)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def _python(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def run_json(argv: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run a worker to completion and parse the JSON object it prints last."""
+    done = subprocess.run(
+        list(argv),
+        cwd=ROOT,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:4])} failed ({done.returncode}): {done.stderr[-2000:]}")
+    lines = done.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"{' '.join(argv[:4])} printed nothing: {done.stderr[-2000:]}")
+    value = json.loads(lines[-1])
+    assert isinstance(value, dict)
+    return value
+
+
+def client_turns(
+    target: str,
+    harness: str,
+    sessions: int,
+    sizes: Sizes,
+    *,
+    turns: int = 0,
+    warmup: int | None = None,
+    latencies: bool = False,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    window = sizes.seconds if seconds is None else seconds
+    argv = _python(
+        "bench.turn_client",
+        "turns",
+        "--target",
+        target,
+        "--harness",
+        harness,
+        "--sessions",
+        str(sessions),
+        "--warmup",
+        str(sizes.warmup if warmup is None else warmup),
+        "--seconds",
+        str(window),
+    )
+    if turns:
+        argv += ["--turns", str(turns)]
+    if latencies:
+        argv.append("--latencies")
+    return run_json(argv, window + CLIENT_SLACK_S)
+
+
+# -- measurements --------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    sizes: Sizes
+    throughput: dict[str, dict[str, float]] = field(default_factory=dict)
+    updates_per_turn: dict[str, float] = field(default_factory=dict)
+    round_trip_s: dict[str, float] = field(default_factory=dict)
+    flatness: dict[str, Any] = field(default_factory=dict)
+    langgraph: dict[str, Any] = field(default_factory=dict)
+
+    def best(self, system: str, sessions: int, value: float) -> None:
+        runs = self.throughput.setdefault(system, {})
+        key = str(sessions)
+        runs[key] = max(runs.get(key, 0.0), value)
+
+
+def measure_throughput(
+    report: Report, targets: dict[str, tuple[str, str]], sizes: Sizes, log: TextIO
+) -> None:
+    """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved."""
+    for attempt in range(sizes.repeats):
+        for sessions in (1, CONCURRENT):
+            for system, (target, harness) in targets.items():
+                result = client_turns(target, harness, sessions, sizes)
+                report.best(system, sessions, result["turns_per_s"])
+                report.updates_per_turn[system] = result["updates_per_turn"]
+                print(
+                    f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
+                    f"{result['turns_per_s']:8.1f} turns/s",
+                    file=log,
+                    flush=True,
+                )
+
+
+def _median_tail(latencies: list[float]) -> float:
+    """Median of the later 80% of the calls (the first fifth warms connections and caches)."""
+    return statistics.median(latencies[len(latencies) // 5 :])
+
+
+def measure_round_trips(
+    report: Report, f: Fleet, hosts: dict[str, str], loop_harness: str, sizes: Sizes
+) -> None:
+    calls = sizes.round_trips
+    pp_harness = f.announced("pingpong-harness", _python("bench.turn_floor", "pingpong-harness"))
+    out = f.workdir / "pingpong.json"
+    run_json(
+        _python(
+            "bench.turn_floor",
+            "pingpong-host",
+            "--harness",
+            pp_harness,
+            "--calls",
+            str(calls),
+            "--out",
+            str(out),
+        ),
+        CLIENT_SLACK_S,
+    )
+    report.round_trip_s["pingpong"] = _median_tail(json.loads(out.read_text()))
+    for system, target in hosts.items():
+        out = f.workdir / f"roundtrip-{system}.json"
+        plan = json.dumps({"calls": calls, "out": str(out)})
+        run_json(
+            _python(
+                "bench.turn_client", "exec", "--target", target, "--harness", loop_harness, "--config", plan
+            ),
+            CLIENT_SLACK_S + calls,
+        )
+        report.round_trip_s[system] = _median_tail(json.loads(out.read_text()))
+
+
+def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) -> None:
+    early, late = sizes.flat_positions
+    early_s: list[float] = []
+    late_s: list[float] = []
+    for _ in range(sizes.flat_runs):
+        result = client_turns(
+            target,
+            harness,
+            1,
+            sizes,
+            turns=sizes.flat_turns,
+            warmup=0,
+            latencies=True,
+            seconds=float(sizes.flat_turns),  # bounded by the turn count; this only caps a stall
+        )
+        (series,) = result["latencies"]
+        if len(series) < late + FLAT_WINDOW:
+            raise RuntimeError(f"flatness session stopped after {len(series)} turns")
+        early_s.append(statistics.median(series[early - 1 - FLAT_WINDOW : early + FLAT_WINDOW]))
+        late_s.append(statistics.median(series[late - 1 - FLAT_WINDOW : late + FLAT_WINDOW]))
+    report.flatness = {
+        "positions": [early, late],
+        "early_s": statistics.median(early_s),
+        "late_s": statistics.median(late_s),
+        "runs": sizes.flat_runs,
+    }
+
+
+def measure_langgraph(report: Report, workdir: Path, sizes: Sizes) -> None:
+    for threads in (1, CONCURRENT):
+        db = workdir / f"langgraph-{threads}.db"
+        result = run_json(
+            _python(
+                "bench.langgraph_echo",
+                "--db",
+                str(db),
+                "--threads",
+                str(threads),
+                "--warmup",
+                str(sizes.warmup),
+                "--seconds",
+                str(sizes.seconds),
+            ),
+            sizes.seconds + CLIENT_SLACK_S,
+        )
+        if "unavailable" in result:
+            report.langgraph = {"unavailable": result["unavailable"]}
+            return
+        report.langgraph[str(threads)] = result["turns_per_s"]
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def summary(report: Report) -> dict[str, Any]:
+    """Ratios and goal verdicts derived from the raw numbers."""
+    t = report.throughput
+    goals: list[dict[str, Any]] = []
+
+    def goal(name: str, value: float | None, target: float, at_least: bool) -> None:
+        met = None if value is None else (value >= target if at_least else value <= target)
+        goals.append({"goal": name, "value": value, "target": target, "at_least": at_least, "met": met})
+
+    for n in ("1", str(CONCURRENT)):
+        goal(
+            f"host/floor turns/s, {n} session(s)",
+            _ratio(t.get("host", {}).get(n), t.get("floor", {}).get(n)),
+            GOAL_FLOOR_RATIO,
+            True,
+        )
+    rt = report.round_trip_s
+    goal(
+        "model round trip / bare ping-pong",
+        _ratio(rt.get("host"), rt.get("pingpong")),
+        GOAL_ROUND_TRIP_RATIO,
+        False,
+    )
+    if report.flatness:
+        goal(
+            "turn {1} / turn {0} latency".format(*report.flatness["positions"]),
+            _ratio(report.flatness["late_s"], report.flatness["early_s"]),
+            GOAL_FLATNESS,
+            False,
+        )
+    if "unavailable" not in report.langgraph:
+        for n in ("1", str(CONCURRENT)):
+            goal(
+                f"host/LangGraph turns/s, {n} session(s)",
+                _ratio(t.get("host", {}).get(n), report.langgraph.get(n)),
+                GOAL_LANGGRAPH_RATIO,
+                True,
+            )
+    return {"goals": goals}
+
+
+def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
+    t = report.throughput
+    print("\nTurn benchmarks (sizes: " + json.dumps(report.sizes.__dict__) + ")", file=out)
+    print(f"{'turns/s':<34}{'1 session':>12}{str(CONCURRENT) + ' sessions':>14}  updates/turn", file=out)
+    rows = [
+        ("protocol floor (bare gRPC)", "floor"),
+        ("host, SQLite FULL", "host"),
+        ("host, memory journal (diagnostic)", "host-memory"),
+    ]
+    for label, key in rows:
+        if key in t:
+            one, many = t[key].get("1"), t[key].get(str(CONCURRENT))
+            print(
+                f"{label:<34}{_num(one):>12}{_num(many):>14}  {report.updates_per_turn.get(key, 0):.0f}",
+                file=out,
+            )
+    if "unavailable" in report.langgraph:
+        print(f"{'LangGraph + SqliteSaver':<34}  not measured: {report.langgraph['unavailable']}", file=out)
+    elif report.langgraph:
+        lg = report.langgraph
+        one, many = lg.get("1"), lg.get(str(CONCURRENT))
+        print(f"{'LangGraph + SqliteSaver':<34}{_num(one):>12}{_num(many):>14}", file=out)
+    rt = report.round_trip_s
+    print("\nmodel round trip (median)", file=out)
+    for key, label in (
+        ("pingpong", "bare bidi ping-pong"),
+        ("host", "host-mediated, SQLite FULL"),
+        ("host-memory", "host-mediated, memory journal"),
+    ):
+        if key in rt:
+            print(f"  {label:<32}{rt[key] * 1e6:10.0f} us", file=out)
+    if report.flatness:
+        fl = report.flatness
+        early, late = fl["positions"]
+        print(
+            f"\nflatness: turn {early} {fl['early_s'] * 1e3:.2f} ms, turn {late} {fl['late_s'] * 1e3:.2f} ms "
+            f"(median of {fl['runs']} session(s))",
+            file=out,
+        )
+    print("\ngoals", file=out)
+    for g in derived["goals"]:
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
+        sign = ">=" if g["at_least"] else "<="
+        value = "-" if g["value"] is None else f"{g['value']:.2f}"
+        print(f"  {g['goal']:<40}{value:>8}  (goal {sign} {g['target']:g})  {verdict}", file=out)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+
+def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
+    with fleet(workdir) as f:
+        floor_harness = f.announced("floor-harness", _python("bench.turn_floor", "floor-harness"))
+        floor = f.announced(
+            "floor-host", _python("bench.turn_floor", "floor-host", "--harness", floor_harness)
+        )
+        echo = f.announced(
+            "echo-harness",
+            [
+                str(BIN / "agentsessions-harness"),
+                "serve",
+                "agentsessions.harnesses.echo:EchoHarness",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+        )
+        loop = f.announced("loop-harness", _python("bench.turn_harness"))
+        harnesses = {"bench-echo": echo, "bench-loop": loop}
+        host = f.host("host", str(workdir / "journal.db"), harnesses)
+        host_memory = f.host("host-memory", "memory:", harnesses)
+        print("throughput", file=log, flush=True)
+        measure_throughput(
+            report,
+            {"floor": (floor, ""), "host": (host, "bench-echo"), "host-memory": (host_memory, "bench-echo")},
+            sizes,
+            log,
+        )
+        print("model round trip", file=log, flush=True)
+        measure_round_trips(report, f, {"host": host, "host-memory": host_memory}, "bench-loop", sizes)
+        print("flatness", file=log, flush=True)
+        measure_flatness(report, host, "bench-echo", sizes)
+    print("LangGraph", file=log, flush=True)
+    measure_langgraph(report, workdir, sizes)
+
+
+def run(*, quick: bool, out: Path = RESULTS) -> int:
+    sizes = QUICK if quick else FULL
+    report = Report(sizes)
+    workdir = Path(tempfile.mkdtemp(prefix="agentsessions-bench-turns-"))
+    try:
+        _measure(report, workdir, sizes, sys.stdout)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    derived = summary(report)
+    print_report(report, derived, sys.stdout)
+    document = {
+        "suite": "turns",
+        "quick": quick,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "sizes": report.sizes.__dict__,
+        "turns_per_s": report.throughput,
+        "updates_per_turn": report.updates_per_turn,
+        "model_round_trip_s": report.round_trip_s,
+        "flatness": report.flatness,
+        "langgraph_turns_per_s": report.langgraph,
+        **derived,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(quick="--quick" in sys.argv[1:]))
