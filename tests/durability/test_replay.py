@@ -12,19 +12,21 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.controller.errors import ReplayDivergedError
+from agentsessions.host.controller.errors import FailedPreconditionError, ReplayDivergedError
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
+from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2
 from tests.durability.commands import agentsessions
-from tests.durability.harnesses import TunableHarness, TwoCallChat, served
+from tests.durability.harnesses import StartRecorder, TunableHarness, TwoCallChat, served
 from tests.durability.models import CountingModel, RandomModelServer
-from tests.durability.wire import K, chain, journal_at, kinds, new_session, records, say, text_of
-from tests.support.host import HostUnderTest, running_host
+from tests.durability.wire import K, append_raw, chain, journal_at, kinds, new_session, records, say, text_of
+from tests.support.host import HostUnderTest, running_host, text_input
 
 
 class TestReplayReconstructsNondeterministicOutput:
@@ -191,3 +193,51 @@ class TestReplayDivergenceDetected:
             await tunable_host.controller.replay(uid)
         assert len(model.calls) == 1
         assert await chain(tunable_host.store, uid) == before
+
+
+class TestReplayPreflightsEveryCompletedExecution:
+    async def test_an_unserved_later_harness_stops_replay_before_the_first_run(
+        self, store: JournalStore, model: CountingModel
+    ) -> None:
+        recorder = StartRecorder()
+        async with (
+            served(recorder) as address,
+            running_host(store, remote={"recorder": address}, model=model) as host,
+        ):
+            uid = await new_session(host, "recorder")
+            await host.exec(say(uid, "one"))
+            later = "00000000000000f2"
+            start = common_pb2.ExecutionStart(input_count=1, harness="retired-harness", harness_version="1")
+            await append_raw(
+                store,
+                uid,
+                [
+                    common_pb2.Event(execution_id=later, kind=K.EVENT_EXECUTION_START, execution_start=start),
+                    common_pb2.Event(execution_id=later, kind=K.EVENT_INPUT, message=text_input("two")),
+                    common_pb2.Event(
+                        execution_id=later, kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")
+                    ),
+                ],
+            )
+            recorder.starts.clear()
+            with pytest.raises(FailedPreconditionError, match="retired-harness"):
+                await host.controller.replay(uid)
+            assert recorder.starts == [], "no execution runs before every one is preflighted"
+
+    async def test_an_incomplete_trailing_execution_is_skipped(
+        self, store: JournalStore, model: CountingModel
+    ) -> None:
+        recorder = StartRecorder()
+        async with (
+            served(recorder) as address,
+            running_host(store, remote={"recorder": address}, model=model) as host,
+        ):
+            uid = await new_session(host, "recorder")
+            await host.exec(say(uid, "one"))
+            recorder.fail_next = True
+            with pytest.raises(grpc.aio.AioRpcError):
+                await host.exec(say(uid, "two"))
+            recorder.starts.clear()
+            report = await host.controller.replay(uid)
+            assert report.executions == 1 and report.outputs == ["saw: one", "echo:one"]
+            assert [[message_text(m) for m in s.inputs] for s in recorder.starts] == [["one"]]

@@ -6,6 +6,7 @@ appended through the store API with no END, then Resume is called over gRPC.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -20,6 +21,7 @@ from agentsessions.v1 import common_pb2, session_pb2
 from tests.durability.harnesses import ToolCaller, lookup_call, served
 from tests.durability.models import CountingModel, FlakyModel
 from tests.durability.wire import K, append_raw, chain, kinds, new_session, records, say, text_of
+from tests.support.harnesses import GateHarness
 from tests.support.host import HostUnderTest, counting_ids, running_host, text_input
 
 EID = "00000000000000e1"
@@ -198,6 +200,63 @@ class TestResumeAfterProviderError:
             assert flaky.attempts == 3
             report = await host.controller.replay(uid)
             assert report.outputs == ["echo:hi"] and flaky.attempts == 3
+
+
+class TestRecoveryHarnessIdentity:
+    @pytest.mark.parametrize(
+        ("harness", "version", "why"),
+        [
+            ("wire-echo", "0.9", "version '0.9'"),
+            ("retired-harness", "1", "'retired-harness', which this host does not serve"),
+        ],
+        ids=["other-version", "not-served"],
+    )
+    async def test_resume_refuses_a_harness_other_than_the_recorded_one(
+        self, host: HostUnderTest, model: CountingModel, harness: str, version: str, why: str
+    ) -> None:
+        uid = await new_session(host, "wire-echo")
+        start = execution_start(harness=harness)
+        start.execution_start.harness_version = version
+        await append_raw(host.store, uid, [start, user_input("hi")])
+        before = await chain(host.store, uid)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await resume(host, uid)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert why in (err.value.details() or "")
+        assert await chain(host.store, uid) == before
+        assert model.calls == []
+
+    async def test_a_complete_session_resumes_without_reaching_its_harness(self, store: JournalStore) -> None:
+        async with (
+            served(ChatHarness()) as address,
+            running_host(store, remote={"gone-later": address}) as host,
+        ):
+            uid = await new_session(host, "gone-later")
+            await host.exec(say(uid, "hi"))
+        # The harness is gone; the journal holds only complete turns, so Resume does not need it.
+        async with running_host(store, remote={"gone-later": "127.0.0.1:9"}) as host:
+            resumed = await resume(host, uid)
+            assert resumed.compute_state == session_pb2.COMPUTE_LIVE and resumed.last_seq == 6
+
+
+class TestOverlap:
+    async def test_suspend_and_resume_during_a_running_turn_are_aborted(self, store: JournalStore) -> None:
+        gate = GateHarness()
+        async with running_host(store, local={"gate": gate}) as host:
+            uid = await new_session(host, "gate")
+            running = asyncio.create_task(host.exec(say(uid, "hold")))
+            async with asyncio.timeout(10):
+                await gate.entered.wait()
+            for call in (
+                host.sessions.Suspend(session_pb2.SuspendRequest(session=uid)),
+                host.sessions.Resume(session_pb2.ResumeRequest(session=uid)),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() == grpc.StatusCode.ABORTED
+            gate.release.set()
+            assert kinds(records(await running))[-1] == "EVENT_END"
+            assert "EVENT_LIFECYCLE:LIFECYCLE_SUSPEND" not in kinds(await store.read(uid))
 
 
 class CountingTools:
