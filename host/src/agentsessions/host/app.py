@@ -21,7 +21,9 @@ from grpc import aio
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.config import HostConfig
+from agentsessions.host.auth import AuthFileError, AuthInterceptor, PrincipalAccess, load_principals
+from agentsessions.host.config import ConfigError, HostConfig
+from agentsessions.host.controller.access import SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
@@ -33,6 +35,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import registry, sessions
 from agentsessions.host.tools.config import tools_config_from_flags
+from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
 
 
@@ -83,16 +86,24 @@ def build_model(config: HostConfig) -> ModelProvider:
     )
 
 
-async def build_controller(config: HostConfig, app: App) -> Controller:
+async def build_controller(
+    config: HostConfig, app: App, *, access: SessionAccess | None = None
+) -> Controller:
     """The journal store, harness catalog, model, tools and controller ``config`` describes, with
-    no server; their release steps go on ``app``. ``serve`` and ``agentsessions replay`` share it."""
+    no server; their release steps go on ``app``. ``serve`` and ``agentsessions replay`` share it.
+    ``access`` is the controller's authorization hook (None: open, as without ``--auth-tokens``)."""
+    harness_tls = config.harness_tls
+    try:
+        harness_credentials = harness_tls.credentials() if harness_tls is not None else None
+    except TLSFilesError as exc:
+        raise ConfigError(f"--harness-tls-*: {exc}") from None
     store = await open_store(config.journal)
     app.on_close(store.close)
 
     remotes: list[RemoteHarness] = []
 
     def dial(address: str) -> RemoteHarness:
-        harness = RemoteHarness(address)
+        harness = RemoteHarness(address, credentials=harness_credentials)
         remotes.append(harness)
         return harness
 
@@ -129,6 +140,7 @@ async def build_controller(config: HostConfig, app: App) -> Controller:
         default_project=config.project,
         purge_on_delete=config.purge_on_delete,
         approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
+        access=access,
     )
     app.controller = controller
     return controller
@@ -136,9 +148,14 @@ async def build_controller(config: HostConfig, app: App) -> Controller:
 
 async def build_app(config: HostConfig) -> App:
     app = App(services=[])
+    access: SessionAccess | None = None
     try:
-        controller = await build_controller(config, app)
-    except HarnessProcessError as exc:
+        if config.auth_tokens is not None:
+            # Every call but health and reflection needs a principal (docs/security.md).
+            app.interceptors.append(AuthInterceptor(load_principals(config.auth_tokens)))
+            access = PrincipalAccess()
+        controller = await build_controller(config, app, access=access)
+    except (HarnessProcessError, AuthFileError, ConfigError) as exc:
         await app.close()
         # Imported here: the server module imports this one.
         from agentsessions.host.server import StartupError

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
 
@@ -28,6 +31,7 @@ DEFAULT_MODEL_AUTH_HEADER = "Authorization"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+OTEL_EXPORTERS = ("none", "console", "otlp")
 
 # Names the host always serves itself; a remote harness may not take them.
 RESERVED_HARNESS_NAMES = frozenset({"echo", "chat", "counter"})
@@ -37,6 +41,7 @@ MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
 
 JournalKind = Literal["memory", "sqlite", "postgres"]
 LogFormat = Literal["text", "json"]
+OtelExporter = Literal["none", "console", "otlp"]
 
 # module:attribute, both dotted Python identifiers (what agentsessions-harness serve loads).
 _HARNESS_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
@@ -78,6 +83,18 @@ class HostConfig:
     purge_on_delete: bool = False
     # Host decisions at approval gates: rules, session grants, expiry (docs/approvals.md).
     approval_policy: str | None = None
+    # TLS on the Sessions and registry listeners; a client CA makes it mutual TLS (docs/security.md).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    # TLS when dialling harnesses: the CA that verifies them, and the host's own certificate for mTLS.
+    harness_tls_ca: str | None = None
+    harness_tls_cert: str | None = None
+    harness_tls_key: str | None = None
+    # Tokens and certificate identities -> principals (agentsessions.host.auth); None: no authentication.
+    auth_tokens: str | None = None
+    # Where traces and metrics go (agentsessions.host.telemetry).
+    otel_exporter: OtelExporter = "none"
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -111,6 +128,47 @@ class HostConfig:
             raise ConfigError(f"--model-path {self.model_path!r} must start with '/'")
         if self.model and not self.model_base_url.startswith(("http://", "https://")):
             raise ConfigError(f"--model-base-url {self.model_base_url!r} must be an http:// or https:// URL")
+        self._check_tls()
+        if self.auth_tokens is not None:
+            check_auth_tokens(self.auth_tokens)
+        if self.otel_exporter not in OTEL_EXPORTERS:
+            raise ConfigError(
+                f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
+            )
+
+    def _check_tls(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        if (self.harness_tls_cert is None) != (self.harness_tls_key is None):
+            raise ConfigError("--harness-tls-cert and --harness-tls-key go together")
+        if self.harness_tls_cert is not None and self.harness_tls_ca is None:
+            raise ConfigError("--harness-tls-cert (mutual TLS to harnesses) needs --harness-tls-ca")
+        for flag, path in (
+            ("--tls-cert", self.tls_cert),
+            ("--tls-key", self.tls_key),
+            ("--tls-client-ca", self.tls_client_ca),
+            ("--harness-tls-ca", self.harness_tls_ca),
+            ("--harness-tls-cert", self.harness_tls_cert),
+            ("--harness-tls-key", self.harness_tls_key),
+        ):
+            if path is not None:
+                _check_file(flag, path)
+
+    @property
+    def server_tls(self) -> ServerTLS | None:
+        """The listeners' TLS (None: plaintext)."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    @property
+    def harness_tls(self) -> ClientTLS | None:
+        """How the host dials harnesses over TLS (None: plaintext)."""
+        if self.harness_tls_ca is None:
+            return None
+        return ClientTLS(self.harness_tls_ca, self.harness_tls_cert, self.harness_tls_key)
 
     @property
     def journal_kind(self) -> JournalKind:
@@ -172,7 +230,20 @@ class HostConfig:
             approval_policy=getattr(args, "approval_policy", None)
             or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
             or None,
+            tls_cert=pick("tls_cert", "") or None,
+            tls_key=pick("tls_key", "") or None,
+            tls_client_ca=pick("tls_client_ca", "") or None,
+            harness_tls_ca=pick("harness_tls_ca", "") or None,
+            harness_tls_cert=pick("harness_tls_cert", "") or None,
+            harness_tls_key=pick("harness_tls_key", "") or None,
+            auth_tokens=pick("auth_tokens", "") or None,
+            otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
         )
+
+
+def _check_file(flag: str, path: str) -> None:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r}: no such file")
 
 
 def _split(flags: Sequence[str], env_value: str | None, sep: str = ",") -> list[str]:
@@ -267,6 +338,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"JSON or TOML approval policy: per-project rules, session grants, expiry "
         f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
     )
+    add_security_arguments(parser)
+    parser.add_argument(
+        "--otel-exporter",
+        metavar="KIND",
+        help=f"where traces and metrics go: {'|'.join(OTEL_EXPORTERS)}; otlp reads OTEL_EXPORTER_OTLP_* "
+        f"(env {env}OTEL_EXPORTER; default none; see docs/telemetry.md)",
+    )
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """TLS on the listeners and authentication (docs/security.md)."""
+    env = ENV_PREFIX
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help=f"serve TLS on the Sessions and registry listeners with this certificate chain "
+        f"(env {env}TLS_CERT)",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help=f"the private key of --tls-cert (env {env}TLS_KEY)")
+    parser.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help=f"require client certificates that chain to this CA: mutual TLS (env {env}TLS_CLIENT_CA)",
+    )
+    parser.add_argument(
+        "--auth-tokens",
+        metavar="FILE",
+        help=f"JSON or TOML file mapping bearer tokens and client certificate identities to principals, "
+        f"projects and roles; without it every caller is trusted, so bind loopback "
+        f"(env {env}AUTH_TOKENS; see docs/security.md)",
+    )
 
 
 def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,6 +387,22 @@ def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=MODULE:ATTR",
         help="harness process the host starts (agentsessions-harness serve MODULE:ATTR), restarts after "
         f"a crash and stops on shutdown, repeatable (env {env}HARNESS_PROCESS, comma-separated)",
+    )
+    parser.add_argument(
+        "--harness-tls-ca",
+        metavar="PEM",
+        help=f"dial --harness and registered harnesses over TLS, verified by this CA "
+        f"(env {env}HARNESS_TLS_CA)",
+    )
+    parser.add_argument(
+        "--harness-tls-cert",
+        metavar="PEM",
+        help=f"the host's client certificate for mutual TLS to harnesses (env {env}HARNESS_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--harness-tls-key",
+        metavar="PEM",
+        help=f"the private key of --harness-tls-cert (env {env}HARNESS_TLS_KEY)",
     )
 
 
@@ -311,6 +429,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         f"Authorization sends 'Bearer <key>' "
         f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
     )
+
+
+def check_auth_tokens(path: str) -> None:
+    """Load the token file once so a bad file stops startup with a message naming it."""
+    try:
+        load_principals(path)
+    except AuthFileError as exc:
+        raise ConfigError(f"--auth-tokens {exc}") from None
 
 
 def check_approval_policy(path: str) -> None:

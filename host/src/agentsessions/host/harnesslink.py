@@ -31,6 +31,7 @@ import grpc
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.harness import EventSink, Start, message_text
+from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 _KIND = common_pb2.EventKind
@@ -144,7 +145,8 @@ class RemoteHarness:
     ``describe_timeout`` bounds Describe (the admission bound is 10 s); ``event_timeout`` bounds
     each wait for the harness's next event (None: no bound beyond the caller's); ``ack_timeout``
     bounds the wait for the park acknowledgement and the stream closure after it;
-    ``cancel_grace`` is how long :meth:`cancel` lets the harness end before cutting the stream.
+    ``cancel_grace`` is how long :meth:`cancel` lets the harness end before cutting the stream;
+    ``credentials`` dial over TLS (``agentsessions.sdk.tls.ClientTLS``), plaintext without them.
     """
 
     def __init__(
@@ -155,8 +157,10 @@ class RemoteHarness:
         event_timeout: float | None = 600.0,
         ack_timeout: float = 10.0,
         cancel_grace: float = 5.0,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.address = address
+        self._credentials = credentials
         self._target = harness_target(address)
         self._describe_timeout = describe_timeout
         self._event_timeout = event_timeout
@@ -169,7 +173,7 @@ class RemoteHarness:
     def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
         # The channel belongs to the event loop that first uses it.
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self._target, options=_CHANNEL_OPTIONS)
+            self._channel = open_channel(self._target, self._credentials, _CHANNEL_OPTIONS)
             self._stub = harness_pb2_grpc.HarnessStub(self._channel)  # type: ignore[assignment]
         assert self._stub is not None
         return self._stub

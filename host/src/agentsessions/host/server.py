@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ from agentsessions.host import health, logs
 from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.app import App, Service, build_app
 from agentsessions.host.config import ConfigError, HostConfig
+from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
 log = logging.getLogger("agentsessions.host")
 
@@ -83,6 +85,12 @@ async def serve(
             for listener in listeners:
                 await listener.start()
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
+            if config.auth_tokens is None and not _loopback(config.listen):
+                log.warning(
+                    "no authentication: anyone who reaches this address can read, run and approve "
+                    "every session; bind loopback or set --auth-tokens (docs/security.md)",
+                    extra=logs.fields(listen=config.listen),
+                )
             if on_serving is not None:
                 on_serving([listener.bound for listener in listeners])
             await signals.first.wait()
@@ -105,6 +113,9 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener])
         # A postgres URL may carry a password, so only a file path is logged.
         facts["journal_path"] = config.journal
     facts["project"] = config.project
+    tls = config.server_tls
+    facts["tls"] = "off" if tls is None else "mutual" if tls.mutual else "on"
+    facts["auth"] = "tokens" if config.auth_tokens else "off"
     facts["services"] = [service.name for service in app.services]
     facts["harnesses"] = [name for name, _ in config.harnesses]
     facts["model"] = config.model or "echo (built in)"
@@ -112,10 +123,23 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener])
     return facts
 
 
+def _loopback(address: str) -> bool:
+    if address.startswith("unix:"):
+        return True
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _listeners(config: HostConfig, app: App) -> list[_Listener]:
-    listeners = [_Listener(config.listen, app.services, app.interceptors)]
+    tls = config.server_tls
+    listeners = [_Listener(config.listen, app.services, app.interceptors, tls)]
     if config.registry_addr and app.admin_services:
-        listeners.append(_Listener(config.registry_addr, app.admin_services, app.interceptors))
+        listeners.append(_Listener(config.registry_addr, app.admin_services, app.interceptors, tls))
     elif app.admin_services:
         names = [service.name for service in app.admin_services]
         log.info("admin services not served: set --registry-addr", extra=logs.fields(services=names))
@@ -144,13 +168,19 @@ async def _stop_all(listeners: Sequence[_Listener], grace: float | None) -> None
 
 
 class _Listener:
-    """One gRPC server: the given services plus health and reflection, on one address."""
+    """One gRPC server: the given services plus health and reflection, on one address (over TLS
+    when ``tls`` is given)."""
 
     def __init__(
-        self, address: str, services: Sequence[Service], interceptors: Sequence[aio.ServerInterceptor]
+        self,
+        address: str,
+        services: Sequence[Service],
+        interceptors: Sequence[aio.ServerInterceptor],
+        tls: ServerTLS | None = None,
     ) -> None:
         self.address = address
         self.bound = address
+        self.tls = tls
         names = [service.name for service in services]
         self.health = health.HealthServicer(names)
         self.server = aio.server(
@@ -165,7 +195,9 @@ class _Listener:
 
     async def start(self) -> None:
         try:
-            port = self.server.add_insecure_port(self.address)
+            port = add_port(self.server, self.address, self.tls)
+        except TLSFilesError as exc:
+            raise StartupError(f"cannot serve TLS on {self.address}: {exc}") from None
         except RuntimeError as exc:
             raise StartupError(f"cannot listen on {self.address}: {exc}") from None
         if self.address.endswith(":0"):

@@ -6,7 +6,8 @@ async with SessionsClient.connect("127.0.0.1:50051") as client:
         ...
 """
 
+from agentsessions.client.credentials import bearer_metadata, tls_credentials
 from agentsessions.client.sessions import SessionsClient
 from agentsessions.sdk.harness import text_message
 
-__all__ = ["SessionsClient", "text_message"]
+__all__ = ["SessionsClient", "bearer_metadata", "text_message", "tls_credentials"]

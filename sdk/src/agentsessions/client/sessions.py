@@ -9,6 +9,7 @@ import grpc
 from grpc import aio
 
 from agentsessions.sdk.harness import text_message
+from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 # Keepalive so long Exec streams notice a dead peer; bounded message size for large replays.
@@ -35,12 +36,9 @@ class SessionsClient:
         credentials: grpc.ChannelCredentials | None = None,
         metadata: Sequence[tuple[str, str]] = (),
     ) -> SessionsClient:
-        """Open a channel to ``target`` (plaintext unless ``credentials`` are given)."""
-        if credentials is None:
-            channel = aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-        else:
-            channel = aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
-        return cls(channel, metadata=metadata)
+        """Open a channel to ``target`` (plaintext unless ``credentials`` are given; see
+        ``agentsessions.client.tls_credentials``)."""
+        return cls(open_channel(target, credentials, _CHANNEL_OPTIONS), metadata=metadata)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -4,7 +4,8 @@
 
 The target is ``module:attribute``; a class or zero-argument factory is called, an object with
 ``describe`` and ``run`` is served as is. Once bound, one line ``listening on ADDRESS`` goes to
-stdout (so ``--listen 127.0.0.1:0`` reports the port it picked).
+stdout (so ``--listen 127.0.0.1:0`` reports the port it picked). ``--tls-cert``/``--tls-key`` serve
+TLS; ``--tls-client-ca`` also requires client certificates from that CA (mutual TLS).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from agentsessions.sdk.harness import Harness
 from agentsessions.sdk.server import run_server
+from agentsessions.sdk.tls import ServerTLS, TLSFilesError
 
 
 class TargetError(Exception):
@@ -59,6 +61,23 @@ def _add_listen(parser: argparse.ArgumentParser) -> None:
         help="host:port (port 0 picks a free one) or unix:path",
     )
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to finish streams on shutdown")
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates that chain to this CA (mutual TLS; needs --tls-cert)",
+    )
+
+
+def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerTLS | None:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            parser.error("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        parser.error("--tls-cert and --tls-key go together")
+    return ServerTLS(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
 def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
@@ -66,13 +85,13 @@ def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str
     parser = argparse.ArgumentParser(prog=prog, description="Serve a harness over Harness.Connect.")
     _add_listen(parser)
     args = parser.parse_args(argv)
-    return _serve(harness, args.listen, args.grace)
+    return _serve(harness, args.listen, args.grace, _tls(parser, args))
 
 
-def _serve(harness: Harness, address: str, grace: float) -> int:
+def _serve(harness: Harness, address: str, grace: float, tls: ServerTLS | None) -> int:
     try:
-        run_server(harness, address, grace=grace, on_ready=_announce)
-    except OSError as exc:
+        run_server(harness, address, grace=grace, on_ready=_announce, tls=tls)
+    except (OSError, TLSFilesError) as exc:
         print(f"agentsessions-harness: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -90,13 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    tls = _tls(parser, args)
     try:
         harness = load_harness(args.target)
     except TargetError as exc:
         print(f"agentsessions-harness: {exc}", file=sys.stderr)
         return 1
-    return _serve(harness, args.listen, args.grace)
+    return _serve(harness, args.listen, args.grace, tls)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from agentsessions.sdk.errors import (
     ToolCallRejectedError,
 )
 from agentsessions.sdk.harness import Harness, Start, text_message
+from agentsessions.sdk.tls import ServerTLS, add_port
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -518,13 +519,18 @@ class HarnessServer:
 
 
 async def start_server(
-    harness: Harness, address: str, *, servicer: HarnessServicer | None = None
+    harness: Harness,
+    address: str,
+    *,
+    servicer: HarnessServicer | None = None,
+    tls: ServerTLS | None = None,
 ) -> HarnessServer:
-    """Bind ``address`` (``host:port``, port 0 picks one, or ``unix:path``) and start serving."""
+    """Bind ``address`` (``host:port``, port 0 picks one, or ``unix:path``) and start serving,
+    over TLS (mutual TLS when ``tls`` names a client CA) when ``tls`` is given."""
     server = grpc.aio.server(options=GRPC_OPTIONS)
     harness_pb2_grpc.add_HarnessServicer_to_server(servicer or HarnessServicer(harness), server)
     try:
-        port = server.add_insecure_port(address)
+        port = add_port(server, address, tls)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {address!r}: {exc}") from exc
     await server.start()
@@ -537,9 +543,10 @@ async def serve(
     *,
     grace: float = 5.0,
     on_ready: Callable[[str], None] | None = None,
+    tls: ServerTLS | None = None,
 ) -> None:
     """Serve ``harness`` on ``address`` until cancelled, then stop gracefully."""
-    running = await start_server(harness, address)
+    running = await start_server(harness, address, tls=tls)
     if on_ready is not None:
         on_ready(running.address)
     try:
@@ -549,7 +556,12 @@ async def serve(
 
 
 def run_server(
-    harness: Harness, address: str, *, grace: float = 5.0, on_ready: Callable[[str], None] | None = None
+    harness: Harness,
+    address: str,
+    *,
+    grace: float = 5.0,
+    on_ready: Callable[[str], None] | None = None,
+    tls: ServerTLS | None = None,
 ) -> None:
     """Blocking :func:`serve` that stops gracefully on SIGINT or SIGTERM."""
     import signal
@@ -562,7 +574,7 @@ def run_server(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(harness, address, grace=grace, on_ready=on_ready)
+            await serve(harness, address, grace=grace, on_ready=on_ready, tls=tls)
 
     asyncio.run(main())
 

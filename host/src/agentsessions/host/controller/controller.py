@@ -14,6 +14,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from agentsessions.host.controller.access import OPEN_ACCESS, SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
@@ -155,6 +156,7 @@ class Controller:
         cancel_grace_s: float = 5.0,
         new_id: Callable[[], str] | None = None,
         approval_policy: ApprovalPolicy | None = None,
+        access: SessionAccess | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
@@ -169,6 +171,8 @@ class Controller:
         self.cache = JournalCache(store)
         # Host decisions at approval gates (rules, session grants, expiry): approval_policy.py.
         self.approval_policy = approval_policy or ApprovalPolicy()
+        # Who may act on which project, and who is journaled as the actor (access.py).
+        self.access: SessionAccess = access or OPEN_ACCESS
         self._guards: dict[str, asyncio.Lock] = {}
         self._running: dict[str, _Running] = {}
 
@@ -200,10 +204,23 @@ class Controller:
         row = await self.store.get_session(uid)
         if row is None:
             raise SessionNotFoundError(uid)
+        self.access.check_project(row.project)
         return row
 
     async def _executions(self, row: SessionRow) -> tuple[list[common_pb2.Event], list[Execution]]:
         return await self.cache.executions(row.uid, row.fork_seq)
+
+    async def may_read_journal(self, uid: str) -> bool:
+        """Whether the caller may read ``uid``'s records (Replay). Unchecked without authentication;
+        with it, a session without a visible row has no records to show (False), and one in a
+        project the caller may not use raises PermissionDeniedError."""
+        if not self.access.enforced:
+            return True
+        row = await self.store.get_session(uid)
+        if row is None:
+            return False
+        self.access.check_project(row.project)
+        return True
 
     async def view(self, uid: str) -> SessionView:
         row = await self._row(uid)
@@ -279,17 +296,20 @@ class Controller:
 
     async def create_session(self, p: CreateParams) -> SessionView:
         resolved = await self.catalog.resolve(p.harness, for_new_session=True)
+        project = p.project or self.default_project
+        self.access.check_project(project)
+        identity = self.access.actor(p.identity)
         now = time.time_ns()
         row = SessionRow(
             uid="sess-" + secrets.token_hex(12),
-            project=p.project or self.default_project,
+            project=project,
             name=p.name,
             harness=resolved.name,
             model=p.model,
             labels=dict(p.labels),
             annotations=dict(p.annotations),
             origin=p.origin,
-            identity=p.identity,
+            identity=identity,
             create_time_ns=now,
             update_time_ns=now,
         )
@@ -300,10 +320,10 @@ class Controller:
         if page_size <= 0:
             page_size = DEFAULT_PAGE_SIZE
         page_size = min(page_size, MAX_PAGE_SIZE)
+        project = project or self.default_project
+        self.access.check_project(project)
         try:
-            rows, next_token = await self.store.list_sessions(
-                project or self.default_project, page_size, token
-            )
+            rows, next_token = await self.store.list_sessions(project, page_size, token)
         except InvalidPageTokenError as exc:
             raise InvalidArgumentError("page_token", "is not a token this host issued") from exc
         return [await self._view(r) for r in rows], next_token
@@ -832,6 +852,8 @@ class Controller:
         reason: str,
         identity: common_pb2.IdentityRef | None,
     ) -> tuple[SessionView, common_pb2.LogRecord]:
+        # With authentication the decision's actor is the authenticated caller (access.py).
+        actor = self.access.actor(identity) or common_pb2.IdentityRef()
         async with self._guard(uid):
             row = await self._row(uid)
             events, executions = await self._executions(row)
@@ -862,7 +884,6 @@ class Controller:
                     f"no approval request for tool call {tool_call_id!r} at seq {request_seq} "
                     f"in execution {execution_id!r}"
                 )
-            actor = identity or common_pb2.IdentityRef()
             if effect.approval_result is not None:
                 seq, decision = effect.approval_result
                 d = decision.approval_result

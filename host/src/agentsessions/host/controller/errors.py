@@ -66,6 +66,10 @@ class UnplaceableError(FailedPreconditionError):
     """The harness's needs cannot be met by the runtime (e.g. memory snapshots)."""
 
 
+class PermissionDeniedError(ControllerError):
+    """The authenticated caller may not do this (a project it may not use, an identity not its own)."""
+
+
 class HarnessUnavailableError(ControllerError):
     """The harness could not be reached for Describe (nothing was journaled)."""
 

@@ -114,6 +114,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             v.non_negative("to_seq", request.to_seq)
         except InvalidArgumentError as exc:
             await _abort(context, exc)
+        if not await _call(context, self.controller.may_read_journal(uid)):
+            return
         seq = max(request.from_seq, 1)
         last = request.to_seq
         store = self.controller.store

@@ -16,6 +16,7 @@ log = logging.getLogger("agentsessions.service")
 _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (ce.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (ce.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (js.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
     (ce.SessionBusyError, grpc.StatusCode.ABORTED),
     (ce.ConcurrencyError, grpc.StatusCode.ABORTED),

@@ -1,0 +1,63 @@
+"""Running code around every call of a gRPC method handler, for the host's server interceptors.
+
+``around_handler(handler, around)`` returns a handler of the same kind whose behavior enters
+``around(context)`` (an async context manager) in the call's own task, runs the original behavior
+inside it (for a streaming response, until the last message), and exits it. What ``around`` binds
+to context variables is therefore seen by the handler and by the tasks it starts; aborting in
+``__aenter__`` answers the call without running the handler.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import grpc
+from grpc import aio
+
+Around = Callable[[aio.ServicerContext], AbstractAsyncContextManager[None]]
+Behavior = Callable[[Any, Any], Any]
+
+
+def around_handler(handler: grpc.RpcMethodHandler, around: Around) -> grpc.RpcMethodHandler:
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, around), **codec)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_unary(handler.stream_unary, around), **codec)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(_stream(handler.unary_stream, around), **codec)
+    return grpc.stream_stream_rpc_method_handler(_stream(handler.stream_stream, around), **codec)
+
+
+def _unary(behavior: Behavior, around: Around) -> Behavior:
+    async def serve(request: Any, context: aio.ServicerContext) -> Any:
+        async with around(context):
+            result = behavior(request, context)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+    return serve
+
+
+def _stream(behavior: Behavior, around: Around) -> Behavior:
+    async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+        async with around(context):
+            responses = behavior(request, context)
+            if inspect.isawaitable(responses):
+                # A handler that writes with context.write() and returns nothing.
+                responses = await responses
+            if hasattr(responses, "__aiter__"):
+                async for response in responses:
+                    yield response
+            elif responses is not None:
+                for response in responses:
+                    yield response
+
+    return serve
