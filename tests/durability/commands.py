@@ -1,12 +1,18 @@
-"""Running the ``agentsessions`` console script as an operator would, in its own process."""
+"""Running the ``agentsessions`` command: as its own process (``agentsessions``), or through its
+entry point in this process (``in_process``, output captured by pytest's ``capsys``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
+
+from agentsessions.host import cli
 
 AGENTSESSIONS = Path(sys.executable).parent / "agentsessions"
 
@@ -42,3 +48,17 @@ async def agentsessions(*args: str | Path) -> Run:
             await process.wait()
     assert process.returncode is not None
     return Run(process.returncode, out.decode(), err.decode())
+
+
+# Runs ``agentsessions ARGS`` through ``cli.main`` in a worker thread (it runs its own event loop).
+Command = Callable[..., Awaitable[Run]]
+
+
+def in_process(capsys: pytest.CaptureFixture[str]) -> Command:
+    async def run(*args: str | Path) -> Run:
+        capsys.readouterr()
+        code = await asyncio.to_thread(cli.main, [str(a) for a in args])
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    return run

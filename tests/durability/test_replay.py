@@ -22,7 +22,7 @@ from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2
-from tests.durability.commands import agentsessions
+from tests.durability.commands import Command, agentsessions
 from tests.durability.harnesses import StartRecorder, TunableHarness, TwoCallChat, served
 from tests.durability.models import CountingModel, RandomModelServer
 from tests.durability.wire import K, append_raw, chain, journal_at, kinds, new_session, records, say, text_of
@@ -133,7 +133,7 @@ async def completed_turn(host: HostUnderTest) -> str:
 
 class TestReplayI0Mismatch:
     async def test_changed_request_diverges_without_a_provider_call(
-        self, tmp_path: Path, tunable: TunableHarness
+        self, tmp_path: Path, tunable: TunableHarness, command: Command
     ) -> None:
         db = tmp_path / "journal.db"
         model = CountingModel(EchoModel())
@@ -150,7 +150,7 @@ class TestReplayI0Mismatch:
                 assert len(model.calls) == 1
                 assert await chain(store, uid) == before
 
-            run = await agentsessions(
+            run = await command(
                 "replay", "--journal", db, "--session", uid, "--harness", f"tunable={address}"
             )
         assert run.code == 1

@@ -3,39 +3,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-
-import pytest
 
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host import cli
 from agentsessions.v1 import common_pb2, harness_pb2
+from tests.durability.commands import Command
 from tests.durability.harnesses import served
 from tests.durability.wire import journal_at, new_session, say
 from tests.support.host import running_host
-
-
-class Outcome:
-    def __init__(self, code: int, out: str, err: str) -> None:
-        self.code, self.out, self.err = code, out, err
-
-
-ReplayRun = Callable[..., Awaitable[Outcome]]
-
-
-@pytest.fixture
-def replay(capsys: pytest.CaptureFixture[str]) -> ReplayRun:
-    async def run(*args: str | Path) -> Outcome:
-        capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, ["replay", *(str(a) for a in args)])
-        out, err = capsys.readouterr()
-        return Outcome(code, out, err)
-
-    return run
 
 
 async def written(
@@ -57,10 +35,10 @@ class VersionTwoEcho(EchoHarness):
         return desc
 
 
-async def test_a_session_the_host_wrote_replays(tmp_path: Path, replay: ReplayRun) -> None:
+async def test_a_session_the_host_wrote_replays(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "journal.db"
     uid = await written(db, turns=("hi", "there"))
-    run = await replay("--journal", db, "--session", uid)
+    run = await command("replay", "--journal", db, "--session", uid)
     assert run.code == 0, run.err
     assert run.out.splitlines() == [
         f"ok: session {uid} replays: 2 executions, 2 outputs, 0 model calls; "
@@ -68,11 +46,11 @@ async def test_a_session_the_host_wrote_replays(tmp_path: Path, replay: ReplayRu
         '  output 1: "echo:hi"',
         '  output 2: "echo:there"',
     ]
-    again = await replay("--journal", f"sqlite://{db}", "--session", uid)
+    again = await command("replay", "--journal", f"sqlite://{db}", "--session", uid)
     assert again.code == 0 and again.out == run.out
 
 
-async def test_a_tampered_chain_is_named_and_nothing_runs(tmp_path: Path, replay: ReplayRun) -> None:
+async def test_a_tampered_chain_is_named_and_nothing_runs(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "journal.db"
     uid = await written(db)
     forged = common_pb2.Event(
@@ -86,41 +64,41 @@ async def test_a_tampered_chain_is_named_and_nothing_runs(tmp_path: Path, replay
             "UPDATE events SET event = ? WHERE session = ? AND seq = 4", (forged, uid)
         ).rowcount
     assert changed == 1
-    run = await replay("--journal", db, "--session", uid)
+    run = await command("replay", "--journal", db, "--session", uid)
     assert run.code == 1
     assert f"FAILED: session {uid} seq 4" in run.err and run.out == ""
 
 
-async def test_what_cannot_be_replayed_exits_2(tmp_path: Path, replay: ReplayRun) -> None:
+async def test_what_cannot_be_replayed_exits_2(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "journal.db"
     await written(db)
-    unknown = await replay("--journal", db, "--session", "sess-nobody")
+    unknown = await command("replay", "--journal", db, "--session", "sess-nobody")
     assert unknown.code == 2 and "no session sess-nobody" in unknown.err
     absent = tmp_path / "absent.db"
-    missing = await replay("--journal", absent, "--session", "sess-nobody")
+    missing = await command("replay", "--journal", absent, "--session", "sess-nobody")
     assert missing.code == 2 and "no such file" in missing.err
     assert not absent.exists(), "a replay never creates a journal"
-    memory = await replay("--journal", "memory:", "--session", "sess-nobody")
+    memory = await command("replay", "--journal", "memory:", "--session", "sess-nobody")
     assert memory.code == 2 and "memory:" in memory.err
-    bad_flag = await replay("--journal", db, "--session", "x", "--harness", "no-equals-sign")
+    bad_flag = await command("replay", "--journal", db, "--session", "x", "--harness", "no-equals-sign")
     assert bad_flag.code == 2 and "NAME=ADDRESS" in bad_flag.err
 
 
-async def test_a_harness_this_host_does_not_serve_exits_2(tmp_path: Path, replay: ReplayRun) -> None:
+async def test_a_harness_this_host_does_not_serve_exits_2(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "journal.db"
     async with served(EchoHarness()) as address:
         uid = await written(db, "wire-echo", address)
-    run = await replay("--journal", db, "--session", uid)
+    run = await command("replay", "--journal", db, "--session", uid)
     assert run.code == 2
     assert "wire-echo" in run.err and "does not serve" in run.err
 
 
-async def test_a_different_harness_version_exits_2(tmp_path: Path, replay: ReplayRun) -> None:
+async def test_a_different_harness_version_exits_2(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "journal.db"
     async with served(EchoHarness()) as address:
         uid = await written(db, "wire-echo", address)
     async with served(VersionTwoEcho()) as address:
-        run = await replay("--journal", db, "--session", uid, "--harness", f"wire-echo={address}")
+        run = await command("replay", "--journal", db, "--session", uid, "--harness", f"wire-echo={address}")
         assert run.code == 2
         assert "version '1'" in run.err and "version '2'" in run.err
 
