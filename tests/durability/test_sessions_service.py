@@ -166,6 +166,20 @@ class TestFork:
         assert text_of(diverged[3]) == "echo:elsewhere"
         assert (await host.store.head(parent)).seq == 10
 
+    async def test_a_session_with_no_events_forks_at_zero(self, host: HostUnderTest) -> None:
+        uid = await new_session(host, "wire-echo")
+        (child,) = await fork(host, uid)
+        assert child.fork_seq == 0 and child.last_seq == 1
+        (marker,) = await host.store.read(child.metadata.uid)
+        assert marker.prev_hash == "" and marker.event.lifecycle.detail == "parent@0"
+        assert text_of(records(await host.exec(say(child.metadata.uid, "first")))[3]) == "echo:first"
+
+    async def test_an_unknown_parent_is_not_found(self, host: HostUnderTest) -> None:
+        before = await host.store.session_uids()
+        err = await refused(host, "sess-nobody")
+        assert err.code() == grpc.StatusCode.NOT_FOUND
+        assert await host.store.session_uids() == before
+
     async def test_refused_forks_leave_no_sessions(self, host: HostUnderTest, parent: str) -> None:
         before = await host.store.session_uids()
         listed = await host.sessions.ListSessions(session_pb2.ListSessionsRequest())
