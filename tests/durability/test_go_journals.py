@@ -22,6 +22,7 @@ from agentsessions.host import cli
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2, session_pb2
+from tests.durability.commands import Command
 from tests.durability.harnesses import StartRecorder, served
 from tests.durability.models import CountingModel
 from tests.durability.wire import K, append_raw, chain, journal_at, kinds, new_session, records, say, text_of
@@ -240,13 +241,12 @@ async def test_legacy_resume_runs_the_last_input_under_a_transport_only_id(
         assert text_of(recs[4]) == "echo:second"
 
 
-async def test_the_replay_command_on_a_go_journal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_the_replay_command_on_a_go_journal(tmp_path: Path, command: Command) -> None:
     db = tmp_path / "go.db"
-    argv = ["journal", "import", "--journal", str(db), str(FIXTURES / "mixed-completed.json")]
-    assert await asyncio.to_thread(cli.main, [*argv, "--session", "sess-go"]) == 0
-    capsys.readouterr()
-    code = await asyncio.to_thread(cli.main, ["replay", "--journal", str(db), "--session", "sess-go"])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert "2 executions, 2 outputs, 0 model calls; 9 records verified, nothing written" in out
-    assert 'output 1: "echo:hello"' in out and 'output 2: "echo:new"' in out
+    imported = await command("journal", "import", "--journal", db, FIXTURES / "mixed-completed.json")
+    assert imported.code == 0, imported.err
+    uid = imported.out.split("into session ")[1].split()[0]
+    run = await command("replay", "--journal", db, "--session", uid)
+    assert run.code == 0, run.err
+    assert "2 executions, 2 outputs, 0 model calls; 9 records verified, nothing written" in run.out
+    assert 'output 1: "echo:hello"' in run.out and 'output 2: "echo:new"' in run.out
