@@ -5,6 +5,7 @@ effect tool run by the host. Tests drive it over the real Sessions gRPC API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -127,6 +128,7 @@ class CrashScenario:
             "python:tests.support.effect_tool:record_effect",
         ]
         self.host = HostProcess(self.journal, tmp, self.host_args)
+        self._turns: list[ExecInFlight] = []
 
     def another_host(self, name: str) -> HostProcess:
         """A second host on the same journal, harness, model and tool (not started)."""
@@ -139,6 +141,10 @@ class CrashScenario:
     async def close(self) -> None:
         await self.host.close()
         await self.harness.close()
+        for turn in self._turns:  # a test that failed early may have left a stream undrained
+            turn.task.cancel()
+            with contextlib.suppress(BaseException):
+                await turn.task
 
     # -- driving a turn ------------------------------------------------------------------
 
@@ -155,7 +161,9 @@ class CrashScenario:
             ],
             config=crash_harness.turn_config(self.control, cut),
         )
-        return ExecInFlight(self.host.sessions.Exec(request))
+        turn = ExecInFlight(self.host.sessions.Exec(request))
+        self._turns.append(turn)
+        return turn
 
     def _stopped_at(self, cut: str) -> bool:
         if cut == "during_model_call":
