@@ -42,7 +42,6 @@ from agentsessions.host.tools.executor import (
     ToolSpec,
     error_result,
 )
-from agentsessions.host.tools.mcp_stdio import McpExecutor, result_from_mcp
 from agentsessions.host.tools.python_callable import (
     CallableTool,
     PythonCallableExecutor,
@@ -90,3 +89,12 @@ __all__ = [
     "validate_tool_args",
     "validate_tool_call",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The MCP executor loads lazily: the mcp package is slow to import and only MCP users need it.
+    if name in ("McpExecutor", "result_from_mcp"):
+        from agentsessions.host.tools import mcp_stdio
+
+        return getattr(mcp_stdio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

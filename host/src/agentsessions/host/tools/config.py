@@ -47,7 +47,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentsessions.host.tools.errors import ToolConfigError
 from agentsessions.host.tools.executor import (
@@ -56,8 +56,10 @@ from agentsessions.host.tools.executor import (
     ToolReceiptStore,
     ToolRegistry,
 )
-from agentsessions.host.tools.mcp_stdio import McpExecutor
 from agentsessions.host.tools.python_callable import PythonCallableExecutor
+
+if TYPE_CHECKING:
+    from agentsessions.host.tools.mcp_stdio import McpExecutor
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
@@ -90,6 +92,9 @@ class McpServerConfig:
     call_timeout_s: float = 300.0
 
     def build(self) -> McpExecutor:
+        # Imported here: the mcp package is slow to import and only MCP users need it.
+        from agentsessions.host.tools.mcp_stdio import McpExecutor
+
         return McpExecutor(
             self.name,
             self.command,
