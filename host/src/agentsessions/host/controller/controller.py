@@ -24,6 +24,7 @@ from agentsessions.host.controller.errors import (
     HarnessMismatchError,
     HarnessRunError,
     IncompleteInvocationError,
+    InheritedToolIntentError,
     InvalidArgumentError,
     InvalidExecutionLogError,
     ReplayDivergedError,
@@ -51,6 +52,7 @@ from agentsessions.host.journal.store import (
 )
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import placement_refusal
+from agentsessions.host.telemetry.genai import journal_append, traced_turn
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.harness import Harness, Start
@@ -348,7 +350,9 @@ class Controller:
     ) -> list[common_pb2.LogRecord]:
         normalized = [canon.normalize_event(e) for e in events]
         try:
-            records = await self.store.append(uid, normalized, expected_head=expected_head, fence=fence)
+            with journal_append(uid, len(normalized)) as span:
+                records = await self.store.append(uid, normalized, expected_head=expected_head, fence=fence)
+                span.wrote(records)
         except ConflictError as exc:
             raise ConcurrencyError(f"session {uid}: {exc}") from exc
         except FencedError as exc:
@@ -496,6 +500,7 @@ class Controller:
         )
         return await self._drive(row.uid, resolved, start, sink, writer, obs, p.deadline_unix)
 
+    @traced_turn(cancelled=lambda exc: isinstance(exc, ExecutionCancelled))
     async def _drive(
         self,
         uid: str,
@@ -642,6 +647,14 @@ class Controller:
             raise InvalidExecutionLogError(
                 f"legacy turn at seq {ex.first_index + 1}: recorded completion missing "
                 "(MODEL_CALL without OUTPUT)"
+            )
+        if ex.inherited and any(e.kind == "tool" and e.reply is None for e in effects):
+            # Re-driving a fork-copied intent under this session's uid could repeat the parent's
+            # effect: refuse from the journal's shape, before the harness runs or anything is written.
+            call = next(e.call.tool for e in effects if e.kind == "tool" and e.reply is None)
+            raise InheritedToolIntentError(
+                f"tool call {call.id!r} was copied from the parent by a fork and has no result; "
+                "fork at or after the TOOL_RESULT, or Exec a new turn"
             )
         start, resolved = await self._reconstruct(row, ex, events)
         if fence is None:
