@@ -309,7 +309,8 @@ class TestResumeToolIntent:
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "copied from the parent by a fork" in (err.value.details() or "")
         assert tools.calls == []
-        assert kinds((await tool_host.store.read(child))[4:]) == []  # refused from the journal: nothing written
+        # Refused from the journal before the harness ran: nothing written to the child.
+        assert kinds((await tool_host.store.read(child))[4:]) == []
 
         # The child may still run a new turn of its own.
         fresh = records(await tool_host.exec(say(child, "new turn")))
