@@ -58,6 +58,10 @@ def kind_names(records: list[common_pb2.LogRecord]) -> list[str]:
     return [K.Name(r.event.kind) for r in records]
 
 
+def of_kind(records: list[common_pb2.LogRecord], kind: int) -> list[common_pb2.LogRecord]:
+    return [r for r in records if r.event.kind == kind]
+
+
 def text_of(message: common_pb2.Message) -> str:
     return "".join(p.text.text for p in message.parts if p.WhichOneof("part") == "text")
 
@@ -148,8 +152,9 @@ class CrashScenario:
 
     # -- driving a turn ------------------------------------------------------------------
 
-    def exec_turn(self, cut: str) -> ExecInFlight:
-        """Start a crash-harness turn in a new session that stops at ``cut``."""
+    def exec_turn(self, cut: str, *, approval: bool = False) -> ExecInFlight:
+        """Start a crash-harness turn in a new session that stops at ``cut`` (see
+        ``crash_harness.turn_config`` for ``approval``)."""
         if cut == "during_model_call":
             self.model.hold_next()
         request = session_pb2.ExecRequest(
@@ -159,7 +164,7 @@ class CrashScenario:
                     role="user", parts=[common_pb2.Part(text=common_pb2.TextPart(text=PROMPT))]
                 )
             ],
-            config=crash_harness.turn_config(self.control, cut),
+            config=crash_harness.turn_config(self.control, cut, approval=approval),
         )
         turn = ExecInFlight(self.host.sessions.Exec(request))
         self._turns.append(turn)
@@ -246,3 +251,8 @@ class CrashScenario:
         return await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, timeout=WAIT_LIMIT_S, env=repo_env()
         )
+
+
+async def verify_chain(world: CrashScenario, uid: str, records: list[common_pb2.LogRecord]) -> None:
+    """The journal file's chain verifies, up to the records the host served."""
+    assert await world.verify_store() == {uid: len(records)}

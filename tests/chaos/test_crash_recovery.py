@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,39 +22,17 @@ from tests.chaos.scenario import (
     SCRIPT_KINDS,
     CrashScenario,
     kind_names,
+    of_kind,
     text_of,
+    verify_chain,
     wait_until,
 )
-from tests.support.chat_completions import ChatCompletionsServer, chat_completions_server
 from tests.support.crash_harness import CUT_POINTS, REPORT_ID, TOOL_CALL_ID, USAGE, idempotency_key
 
 pytestmark = pytest.mark.e2e
 
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle.Kind
-
-
-@pytest.fixture
-def model_endpoint() -> Iterator[ChatCompletionsServer]:
-    with chat_completions_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture
-async def scenario(tmp_path: Path, model_endpoint: ChatCompletionsServer) -> AsyncIterator[CrashScenario]:
-    # A short directory of its own for the harness's unix socket (paths are capped near 108 bytes).
-    socket_dir = Path(tempfile.mkdtemp(prefix="asc-", dir="/tmp"))
-    world = CrashScenario(tmp_path, socket_dir, model_endpoint)
-    try:
-        await world.start()
-        yield world
-    finally:
-        await world.close()
-        shutil.rmtree(socket_dir, ignore_errors=True)
-
-
-def of_kind(records: list[common_pb2.LogRecord], kind: int) -> list[common_pb2.LogRecord]:
-    return [r for r in records if r.event.kind == kind]
 
 
 def model_completions(records: list[common_pb2.LogRecord]) -> list[str]:
@@ -116,11 +90,6 @@ def assert_recovered(
     # Usage: once per report.
     usage = of_kind(records, K.EVENT_USAGE)
     assert [u.event.usage for u in usage] == [USAGE, USAGE]
-
-
-async def verify_chain(world: CrashScenario, uid: str, records: list[common_pb2.LogRecord]) -> None:
-    """The journal file's chain verifies, up to the records the host served."""
-    assert await world.verify_store() == {uid: len(records)}
 
 
 async def finish_and_verify(world: CrashScenario) -> None:

@@ -13,7 +13,8 @@ the host returned before (so a recovered run asks for exactly what was recorded)
 6. usage report
 7. output ``done: B``
 
-The turn's config is JSON: ``{"dir": <control directory>, "cut": <cut point>}``. At the cut point
+The turn's config is JSON: ``{"dir": <control directory>, "cut": <cut point>, "approval": <bool>}``
+(with ``approval`` the tool call is REQUIRES_APPROVAL: the first run parks at it). At the cut point
 the run stops and waits for a ``dir/release`` marker (adding a line to ``dir/blocked``), so the host is
 idle there, provably past the point. A test creates the marker before it recovers the turn, so a
 later incarnation runs straight through. ``during_tool_call`` is held by the tool itself (it gets
@@ -55,9 +56,10 @@ HOLD_LIMIT_S = 60.0
 POLL_S = 0.02
 
 
-def turn_config(control: Path, cut: str) -> bytes:
-    """The Exec config that makes a CrashHarness turn stop at ``cut``."""
-    return json.dumps({"dir": str(control), "cut": cut}, sort_keys=True).encode()
+def turn_config(control: Path, cut: str, *, approval: bool = False) -> bytes:
+    """The Exec config that makes a CrashHarness turn stop at ``cut``; with ``approval`` its
+    tool call is REQUIRES_APPROVAL instead of CONTROLLER_MEDIATED."""
+    return json.dumps({"dir": str(control), "cut": cut, "approval": approval}, sort_keys=True).encode()
 
 
 def idempotency_key(execution_id: str) -> str:
@@ -96,7 +98,11 @@ class CrashHarness:
                 id=TOOL_CALL_ID,
                 tool=TOOL,
                 args=args,
-                mediation=common_pb2.MEDIATION_CONTROLLER_MEDIATED,
+                mediation=(
+                    common_pb2.MEDIATION_REQUIRES_APPROVAL
+                    if config.get("approval")
+                    else common_pb2.MEDIATION_CONTROLLER_MEDIATED
+                ),
                 idempotency_key=idempotency_key(start.execution_id),
             )
         )
