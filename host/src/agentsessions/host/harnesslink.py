@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import grpc
@@ -63,6 +65,12 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+_CONNECT_METHOD = "/" + harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name + "/Connect"
+# Wire tags (field number << 3 | length-delimited) of ControllerFrame.start and Start.history.
+_START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start"].number << 3 | 2])
+_HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
+# Sessions whose encoded history a link keeps (least recently used dropped first).
+HISTORY_CACHE_SESSIONS = 256
 
 
 class HarnessLinkError(Exception):
@@ -169,12 +177,20 @@ class RemoteHarness:
         self._channel: grpc.aio.Channel | None = None
         self._stub: harness_pb2_grpc.HarnessAsyncStub | None = None
         self._live: dict[str, _Bridge] = {}
+        self._history = _HistoryEncoder(HISTORY_CACHE_SESSIONS)
 
     def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
         # The channel belongs to the event loop that first uses it.
         if self._stub is None:
             self._channel = open_channel(self._target, self._credentials, _CHANNEL_OPTIONS)
-            self._stub = harness_pb2_grpc.HarnessStub(self._channel)  # type: ignore[assignment]
+            stub = harness_pb2_grpc.HarnessStub(self._channel)
+            # Connect also writes the Start frame pre-encoded (bytes): see _HistoryEncoder.
+            stub.Connect = self._channel.stream_stream(
+                _CONNECT_METHOD,
+                request_serializer=_frame_bytes,
+                response_deserializer=common_pb2.Event.FromString,
+            )
+            self._stub = stub  # type: ignore[assignment]
         assert self._stub is not None
         return self._stub
 
@@ -288,13 +304,14 @@ class _Bridge:
             raise _stream_error(exc, self._link.address) from exc
         body = harness_pb2.Start(
             config=start.config,
-            history=list(start.history),
             inputs=list(start.inputs),
             resume_from_seq=start.resume_from_seq,
         )
         if start.identity is not None:
             body.identity.CopyFrom(start.identity)
-        await self._send(harness_pb2.ControllerFrame(start=body))
+        envelope = harness_pb2.ControllerFrame(session=start.session, execution_id=start.execution_id)
+        history = self._link._history.encode(start.session, start.history)
+        await self._write(_start_frame(envelope, body, history))
         while True:
             event = await self._receive(self._link._event_timeout, "event")
             if event is None:
@@ -424,6 +441,9 @@ class _Bridge:
     async def _send(self, frame: harness_pb2.ControllerFrame) -> None:
         frame.session = self._start.session
         frame.execution_id = self._start.execution_id
+        await self._write(frame)
+
+    async def _write(self, frame: harness_pb2.ControllerFrame | bytes) -> None:
         call = self._call
         assert call is not None
         async with self._write_lock:
@@ -460,6 +480,58 @@ class _Bridge:
             return None
         assert isinstance(message, common_pb2.Event)
         return message
+
+
+class _HistoryEncoder:
+    """Start.history on the wire, encoded incrementally per session.
+
+    A session's history only grows between its turns, and the controller hands over the same
+    event objects each turn, so each event is serialized once instead of once per turn: the
+    Start frame of turn 1,000 costs about what the one of turn 10 does. A history that does not
+    extend the remembered one (another object, a fork, an evicted entry) is encoded afresh.
+    """
+
+    def __init__(self, max_sessions: int) -> None:
+        self._max = max_sessions
+        # session -> (the events encoded so far, their encoding as repeated Start.history fields)
+        self._entries: OrderedDict[str, tuple[list[common_pb2.Event], bytearray]] = OrderedDict()
+
+    def encode(self, session: str, history: Sequence[common_pb2.Event]) -> bytes:
+        entry = self._entries.get(session)
+        if entry is None or len(entry[0]) > len(history) or list(history[: len(entry[0])]) != entry[0]:
+            entry = ([], bytearray())
+        events, encoded = entry
+        for event in history[len(events) :]:
+            blob = event.SerializeToString()
+            encoded += _HISTORY_TAG
+            encoded += _varint(len(blob))
+            encoded += blob
+            events.append(event)
+        self._entries[session] = entry
+        self._entries.move_to_end(session)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+        return bytes(encoded)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _start_frame(envelope: harness_pb2.ControllerFrame, body: harness_pb2.Start, history: bytes) -> bytes:
+    """A ControllerFrame{start} on the wire: the envelope, then Start with its encoded history
+    appended (a parser merges fields in any order, so this reads as one ordinary Start)."""
+    start = b"".join((body.SerializeToString(), history))
+    return b"".join((envelope.SerializeToString(), _START_TAG, _varint(len(start)), start))
+
+
+def _frame_bytes(frame: harness_pb2.ControllerFrame | bytes) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.SerializeToString()
 
 
 def _kind_name(kind: int) -> str:
