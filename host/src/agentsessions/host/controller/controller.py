@@ -213,15 +213,15 @@ class Controller:
         return await self.cache.executions(row.uid, row.fork_seq)
 
     async def may_read_journal(self, uid: str) -> bool:
-        """Whether the caller may read ``uid``'s records (Replay). Unchecked without authentication;
-        with it, a session without a visible row has no records to show (False), and one in a
-        project the caller may not use raises PermissionDeniedError."""
-        if not self.access.enforced:
-            return True
+        """Whether ``uid``'s records may be streamed (Replay). A session without a visible row
+        (unknown, or deleted with its rows kept for audit) has no records to show (False, an
+        empty stream as for an unknown session); under authentication, one in a project the
+        caller may not use raises PermissionDeniedError."""
         row = await self.store.get_session(uid)
         if row is None:
             return False
-        self.access.check_project(row.project)
+        if self.access.enforced:
+            self.access.check_project(row.project)
         return True
 
     async def view(self, uid: str) -> SessionView:
