@@ -265,11 +265,14 @@ class Controller:
             self.approval_policy, row.uid, row.project, row.fork_seq, lambda: self.cache.events(row.uid)
         )
 
-    async def _view(self, row: SessionRow) -> SessionView:
+    async def _view(
+        self, row: SessionRow, read: tuple[list[common_pb2.Event], list[Execution]] | None = None
+    ) -> SessionView:
+        """The row's view; ``read`` is the journal as the caller has just read it, if it has."""
         if row.last_seq == 0:
             return SessionView(row, session_pb2.EXEC_PENDING)
         try:
-            events, executions = await self._executions(row)
+            events, executions = read if read is not None else await self._executions(row)
         except InvalidExecutionLogError:
             return SessionView(row, session_pb2.EXEC_FAILED)
         gate = _open_gate(events, executions)
@@ -413,8 +416,10 @@ class Controller:
                 f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
             )
         async with self._guard(row.uid):
-            view = await self._view(row)
-            yield Turn(self, p, view, resolved, recovery=gate)
+            # Taking the guard did not yield: the journal read above is still this host's latest
+            # (another host's write is caught by the fence mint and the append, both CAS).
+            view = await self._view(row, (events, executions))
+            yield Turn(self, p, view, resolved, recovery=gate, events=events)
 
     async def _route(self, row: SessionRow, override: str) -> ResolvedHarness:
         if not override or override == row.harness:
@@ -457,7 +462,8 @@ class Controller:
                 gate.execution = latest_execution((await self._executions(row))[1]) or gate.execution
             parked = await self._recover(row, gate.execution, obs)
             return parked if parked is not None else session_view_proto(await self.view(row.uid))
-        events = await self.cache.events(row.uid)
+        # As read at admission: the guard has kept this host's writers out since.
+        events = turn.events
         expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
         history = list(events)
         fence = await self._mint(row.uid, expected)
@@ -1028,12 +1034,14 @@ class Turn:
         view: SessionView,
         resolved: ResolvedHarness,
         recovery: Gate | None,
+        events: list[common_pb2.Event],
     ) -> None:
         self.controller = controller
         self.params = params
         self.view = view
         self.resolved = resolved
         self.recovery = recovery
+        self.events = events  # the journal at admission (the cache's list: never mutated here)
 
     async def run(self) -> AsyncIterator[Update]:
         obs = _Observer()
