@@ -34,6 +34,7 @@ from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import registry, sessions
+from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
@@ -75,14 +76,19 @@ class App:
 
 
 def build_model(config: HostConfig) -> ModelProvider:
-    """The built-in echo model, or the OpenAI-compatible provider when ``--model`` is set."""
+    """The built-in echo model, or the OpenAI-compatible provider when ``--model`` is set; each
+    completion is traced as a GenAI ``chat`` span (agentsessions.host.telemetry)."""
     if not config.model:
-        return EchoModel()
-    return OpenAIModel(
-        config.model,
-        base_url=config.model_base_url,
-        path=config.model_path,
-        auth_header=config.model_auth_header,
+        return TracedModel(EchoModel(), provider_name="echo", default_model="echo")
+    return TracedModel(
+        OpenAIModel(
+            config.model,
+            base_url=config.model_base_url,
+            path=config.model_path,
+            auth_header=config.model_auth_header,
+        ),
+        provider_name="openai",
+        default_model=config.model,
     )
 
 
@@ -136,7 +142,7 @@ async def build_controller(
         store,
         catalog,
         build_model(config),
-        registry_of_tools,
+        TracedTools(registry_of_tools),
         default_project=config.project,
         purge_on_delete=config.purge_on_delete,
         approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
@@ -147,7 +153,8 @@ async def build_controller(
 
 
 async def build_app(config: HostConfig) -> App:
-    app = App(services=[])
+    # Outermost after the access log: unauthenticated calls get their span and duration too.
+    app = App(services=[], interceptors=[TelemetryInterceptor()])
     access: SessionAccess | None = None
     try:
         if config.auth_tokens is not None:

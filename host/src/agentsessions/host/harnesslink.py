@@ -30,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import grpc
 
+from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.harness import EventSink, Start, message_text
@@ -299,7 +300,8 @@ class _Bridge:
     async def _bridge(self) -> None:
         start = self._start
         try:
-            self._call = self._link._harness_stub().Connect()
+            # The turn's trace context rides along, so the harness's spans join the turn.
+            self._call = self._link._harness_stub().Connect(metadata=outgoing_metadata())
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
         body = harness_pb2.Start(

@@ -28,6 +28,7 @@ from agentsessions.host import health, logs
 from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.app import App, Service, build_app
 from agentsessions.host.config import ConfigError, HostConfig
+from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
 log = logging.getLogger("agentsessions.host")
@@ -60,10 +61,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logs.configure(config.log_level, config.log_format)
     try:
+        installed = telemetry.install(config.otel_exporter)
+    except telemetry.TelemetryError as exc:
+        print(f"agentsessions serve: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(serve(config))
     except StartupError as exc:
         log.error("startup failed", extra=logs.fields(error=str(exc)))
         return 1
+    finally:
+        # Flushes what is still batched (spans of the drain, the last metrics).
+        installed.shutdown()
 
 
 async def serve(

@@ -27,6 +27,7 @@ from agentsessions.sdk.errors import (
     SinkError,
     ToolCallRejectedError,
 )
+from agentsessions.sdk import tracing
 from agentsessions.sdk.harness import Harness, Start, text_message
 from agentsessions.sdk.tls import ServerTLS, add_port
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
@@ -372,7 +373,14 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
 
         start = start_from_frame(first)
         sink = StreamSink(start.session, start.execution_id, reply_timeout=self._reply_timeout)
-        run = asyncio.create_task(self._harness.run(start, sink), name=f"harness-run-{start.execution_id}")
+        # The run joins the host's trace (when OpenTelemetry is installed): see tracing.py.
+        run_context, traced = tracing.start_run(
+            context.invocation_metadata(), start.session, start.execution_id
+        )
+        run = asyncio.create_task(
+            self._harness.run(start, sink), name=f"harness-run-{start.execution_id}", context=run_context
+        )
+        run.add_done_callback(traced)
         run.add_done_callback(lambda _: sink.outbox.put_nowait(None))
         grace: list[asyncio.TimerHandle] = []
 

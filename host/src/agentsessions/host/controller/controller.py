@@ -59,8 +59,9 @@ from agentsessions.sdk.harness import Harness, Start
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.controller")
-K = common_pb2.EventKind
-LK = common_pb2.Lifecycle.Kind
+# Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
+K = common_pb2
+LK = common_pb2.Lifecycle
 
 MAX_FORK_CHILDREN = 128
 DEFAULT_PAGE_SIZE = 50

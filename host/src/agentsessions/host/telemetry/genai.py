@@ -1,0 +1,216 @@
+"""Spans and metrics of turns, model calls, tool calls and journal appends.
+
+A turn (one ``harness.run`` over an execution, live or recovered) is an ``invoke_agent <harness>``
+span; the model calls it makes are ``chat <model>`` CLIENT spans and the host-run tool calls
+``execute_tool <tool>`` spans (GenAI semantic conventions), and each journal append is a
+``journal.append`` span, all children of the turn. Only names, ids, counts, token numbers, outcomes
+and error types are recorded: never messages, completions, arguments or results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from opentelemetry import metrics, trace
+
+from agentsessions.host.models.provider import DeltaCallback, ModelProvider
+from agentsessions.host.telemetry import names
+from agentsessions.v1 import common_pb2, harness_pb2
+
+_tracer = trace.get_tracer(names.INSTRUMENTATION)
+_meter = metrics.get_meter(names.INSTRUMENTATION)
+_turns = _meter.create_counter(names.TURNS, unit="{turn}", description="Turns run, by outcome.")
+_append_duration = _meter.create_histogram(
+    names.JOURNAL_APPEND_DURATION, unit="s", description="Latency of durable journal appends."
+)
+_operation_duration = _meter.create_histogram(
+    names.GEN_AI_CLIENT_OPERATION_DURATION, unit="s", description="Duration of model calls and tool calls."
+)
+_token_usage = _meter.create_histogram(
+    names.GEN_AI_CLIENT_TOKEN_USAGE,
+    unit="{token}",
+    description="Tokens per model call, when the provider says.",
+)
+
+COMPLETED = "completed"
+PARKED = "parked"
+CANCELLED = "cancelled"
+FAILED = "failed"
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _Started(Protocol):
+    @property
+    def execution_id(self) -> str: ...
+
+
+_Self = TypeVar("_Self")
+_Resolved = TypeVar("_Resolved", bound=_Named)
+_Start = TypeVar("_Start", bound=_Started)
+_Result = TypeVar("_Result")
+_P = ParamSpec("_P")
+
+Drive = Callable[Concatenate[_Self, str, _Resolved, _Start, _P], Awaitable[_Result]]
+
+
+def traced_turn(
+    *, cancelled: Callable[[BaseException], bool]
+) -> Callable[[Drive[_Self, _Resolved, _Start, _P, _Result]], Drive[_Self, _Resolved, _Start, _P, _Result]]:
+    """Decorate the controller's ``_drive(self, uid, resolved, start, ...)``: a span per turn and the
+    turns counter. The outcome is ``parked`` when it returns a value (the parked Session),
+    ``completed`` when it returns None, ``cancelled`` when ``cancelled(exc)``, else ``failed``."""
+
+    def decorate(
+        drive: Drive[_Self, _Resolved, _Start, _P, _Result],
+    ) -> Drive[_Self, _Resolved, _Start, _P, _Result]:
+        @functools.wraps(drive)
+        async def traced(
+            self: _Self, uid: str, resolved: _Resolved, start: _Start, /, *args: _P.args, **kwargs: _P.kwargs
+        ) -> _Result:
+            attributes = {
+                names.GEN_AI_OPERATION_NAME: names.INVOKE_AGENT,
+                names.GEN_AI_AGENT_NAME: resolved.name,
+                names.GEN_AI_CONVERSATION_ID: uid,
+                names.SESSION: uid,
+                names.EXECUTION_ID: start.execution_id,
+            }
+            with _tracer.start_as_current_span(
+                f"{names.INVOKE_AGENT} {resolved.name}",
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                outcome = FAILED
+                try:
+                    result = await drive(self, uid, resolved, start, *args, **kwargs)
+                    outcome = COMPLETED if result is None else PARKED
+                    return result
+                except BaseException as exc:
+                    if cancelled(exc):
+                        outcome = CANCELLED
+                    else:
+                        span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
+                        span.set_status(trace.Status(trace.StatusCode.ERROR))
+                    raise
+                finally:
+                    span.set_attribute(names.TURN_OUTCOME, outcome)
+                    _turns.add(1, {names.TURN_OUTCOME: outcome, names.GEN_AI_AGENT_NAME: resolved.name})
+
+        return traced
+
+    return decorate
+
+
+class AppendSpan:
+    """What a journal append reports back to its span: the records it wrote."""
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def wrote(self, records: list[common_pb2.LogRecord]) -> None:
+        if records:
+            self._span.set_attribute(names.JOURNAL_LAST_SEQ, records[-1].seq)
+
+
+@contextlib.contextmanager
+def journal_append(uid: str, count: int) -> Iterator[AppendSpan]:
+    """A ``journal.append`` span and the append latency around one durable append."""
+    started = time.perf_counter()
+    attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
+    outcome: dict[str, str] = {}
+    with _tracer.start_as_current_span(
+        "journal.append", attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield AppendSpan(span)
+        except BaseException as exc:
+            outcome[names.ERROR_TYPE] = type(exc).__name__
+            span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
+            span.set_status(trace.Status(trace.StatusCode.ERROR))
+            raise
+        finally:
+            _append_duration.record(time.perf_counter() - started, outcome)
+
+
+class TracedModel:
+    """A :class:`ModelProvider` whose completions are ``chat`` spans with their duration and usage."""
+
+    def __init__(self, provider: ModelProvider, *, provider_name: str, default_model: str = "") -> None:
+        self._provider = provider
+        self._provider_name = provider_name
+        self._default_model = default_model
+
+    async def complete(
+        self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
+    ) -> harness_pb2.ModelResult:
+        model = call.model or self._default_model
+        attributes: dict[str, str] = {
+            names.GEN_AI_OPERATION_NAME: names.CHAT,
+            names.GEN_AI_PROVIDER_NAME: self._provider_name,
+        }
+        if model:
+            attributes[names.GEN_AI_REQUEST_MODEL] = model
+        started = time.perf_counter()
+        with _tracer.start_as_current_span(
+            f"{names.CHAT} {model}".strip(),
+            kind=trace.SpanKind.CLIENT,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                result = await self._provider.complete(call, on_delta)
+            except BaseException as exc:
+                attributes[names.ERROR_TYPE] = type(exc).__name__
+                span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
+                span.set_status(trace.Status(trace.StatusCode.ERROR))
+                raise
+            finally:
+                _operation_duration.record(time.perf_counter() - started, attributes)
+            if result.HasField("usage"):
+                usage = result.usage
+                span.set_attribute(names.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
+                span.set_attribute(names.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+                for kind, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+                    _token_usage.record(tokens, {**attributes, names.GEN_AI_TOKEN_TYPE: kind})
+            return result
+
+
+class _ToolInvoker(Protocol):
+    async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult: ...
+
+
+class TracedTools:
+    """A tool invoker whose executions are ``execute_tool`` spans with their duration."""
+
+    def __init__(self, tools: _ToolInvoker) -> None:
+        self._tools = tools
+
+    async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
+        attributes = {names.GEN_AI_OPERATION_NAME: names.EXECUTE_TOOL, names.GEN_AI_TOOL_NAME: call.tool}
+        started = time.perf_counter()
+        with _tracer.start_as_current_span(
+            f"{names.EXECUTE_TOOL} {call.tool}",
+            attributes={**attributes, names.GEN_AI_TOOL_CALL_ID: call.id, names.SESSION: session_uid},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                result = await self._tools.execute(session_uid, call)
+            except BaseException as exc:
+                attributes[names.ERROR_TYPE] = type(exc).__name__
+                span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
+                span.set_status(trace.Status(trace.StatusCode.ERROR))
+                raise
+            finally:
+                _operation_duration.record(time.perf_counter() - started, attributes)
+            span.set_attribute(names.TOOL_IS_ERROR, result.is_error)
+            return result
