@@ -1042,7 +1042,7 @@ class Turn:
         self.view = view
         self.resolved = resolved
         self.recovery = recovery
-        self.events = events  # the journal at admission (the cache's list: never mutated here)
+        self.events = events  # the journal at admission (the cache's list, which grows as the turn appends)
 
     async def run(self) -> AsyncIterator[Update]:
         obs = _Observer()
