@@ -296,7 +296,9 @@ class Controller:
             return SessionView(row, session_pb2.EXEC_COMPLETED)
         if latest.error_indexes:
             return SessionView(row, session_pb2.EXEC_FAILED)
-        return SessionView(row, session_pb2.EXEC_COMPLETED)
+        # No END and no ERROR: the turn is in flight on another host, or a crash cut it short.
+        # Either way it has not finished; Resume completes an interrupted one from the journal.
+        return SessionView(row, session_pb2.EXEC_RUNNING)
 
     # -- create / list / delete ---------------------------------------------------------------
 
