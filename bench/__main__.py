@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import journal, turns
+from bench import journal, replay, turns
 
-SUITES = ("journal", "turns")
+SUITES = ("journal", "turns", "replay")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
@@ -32,6 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = max(code, journal.run(quick=args.quick, backends=backends))
         elif suite == "turns":
             code = max(code, turns.run(quick=args.quick))
+        elif suite == "replay":
+            code = max(code, replay.run(quick=args.quick))
     return code
 
 
