@@ -133,7 +133,9 @@ async def describe(
 ) -> harness_pb2.HarnessDescriptor:
     """Describe a harness at admission, bounded; failures are UNAVAILABLE-class errors."""
     try:
-        descriptor = await asyncio.wait_for(resolved.harness.describe(), bound_s)
+        # A timeout scope, not wait_for: no extra task per admission.
+        async with asyncio.timeout(bound_s):
+            descriptor = await resolved.harness.describe()
     except TimeoutError as exc:
         raise HarnessUnavailableError(
             f"harness {resolved.name!r} did not answer Describe within {bound_s:g}s"
