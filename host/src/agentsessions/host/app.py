@@ -35,6 +35,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import registry, sessions
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
+from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
@@ -154,6 +155,7 @@ async def build_controller(
 
 async def build_app(config: HostConfig) -> App:
     # Outermost after the access log: unauthenticated calls get their span and duration too.
+    telemetry_switch.refresh()  # providers an embedding application installed count too
     app = App(services=[], interceptors=[TelemetryInterceptor()])
     access: SessionAccess | None = None
     try:

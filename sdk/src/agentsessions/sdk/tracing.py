@@ -36,7 +36,7 @@ def start_run(
 ) -> tuple[contextvars.Context | None, Finish]:
     """The context to create the run task in (None: the current one) and the done-callback that
     ends its span with the run's outcome."""
-    if trace is None:
+    if trace is None or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None, _ignore
     carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
     parent = propagate.extract(carrier)

@@ -18,7 +18,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 from opentelemetry import metrics, trace
 
 from agentsessions.host.models.provider import DeltaCallback, ModelProvider
-from agentsessions.host.telemetry import names
+from agentsessions.host.telemetry import names, switch
 from agentsessions.v1 import common_pb2, harness_pb2
 
 _tracer = trace.get_tracer(names.INSTRUMENTATION)
@@ -75,6 +75,8 @@ def traced_turn(
         async def traced(
             self: _Self, uid: str, resolved: _Resolved, start: _Start, /, *args: _P.args, **kwargs: _P.kwargs
         ) -> _Result:
+            if not switch.enabled():
+                return await drive(self, uid, resolved, start, *args, **kwargs)
             attributes = {
                 names.GEN_AI_OPERATION_NAME: names.INVOKE_AGENT,
                 names.GEN_AI_AGENT_NAME: resolved.name,
@@ -120,9 +122,31 @@ class AppendSpan:
             self._span.set_attribute(names.JOURNAL_LAST_SEQ, records[-1].seq)
 
 
-@contextlib.contextmanager
-def journal_append(uid: str, count: int) -> Iterator[AppendSpan]:
+class _Untraced(contextlib.AbstractContextManager[AppendSpan]):
+    """``journal_append`` while telemetry is off: nothing to record."""
+
+    def __init__(self) -> None:
+        self._span = AppendSpan(trace.INVALID_SPAN)
+
+    def __enter__(self) -> AppendSpan:
+        return self._span
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNTRACED = _Untraced()
+
+
+def journal_append(uid: str, count: int) -> contextlib.AbstractContextManager[AppendSpan]:
     """A ``journal.append`` span and the append latency around one durable append."""
+    if not switch.enabled():
+        return _UNTRACED
+    return _traced_append(uid, count)
+
+
+@contextlib.contextmanager
+def _traced_append(uid: str, count: int) -> Iterator[AppendSpan]:
     started = time.perf_counter()
     attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
     outcome: dict[str, str] = {}
@@ -151,6 +175,8 @@ class TracedModel:
     async def complete(
         self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
     ) -> harness_pb2.ModelResult:
+        if not switch.enabled():
+            return await self._provider.complete(call, on_delta)
         model = call.model or self._default_model
         attributes: dict[str, str] = {
             names.GEN_AI_OPERATION_NAME: names.CHAT,
@@ -195,6 +221,8 @@ class TracedTools:
         self._tools = tools
 
     async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
+        if not switch.enabled():
+            return await self._tools.execute(session_uid, call)
         attributes = {names.GEN_AI_OPERATION_NAME: names.EXECUTE_TOOL, names.GEN_AI_TOOL_NAME: call.tool}
         started = time.perf_counter()
         with _tracer.start_as_current_span(

@@ -20,7 +20,7 @@ from opentelemetry import metrics, propagate, trace
 
 from agentsessions.host import requestid
 from agentsessions.host.interception import around_handler
-from agentsessions.host.telemetry import names
+from agentsessions.host.telemetry import names, switch
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
@@ -50,8 +50,8 @@ class TelemetryInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
+        if handler is None or not switch.enabled():
+            return handler
         method: str = handler_call_details.method.lstrip("/")
         metadata = handler_call_details.invocation_metadata
         traced = method.rpartition("/")[0] not in _UNTRACED_SERVICES

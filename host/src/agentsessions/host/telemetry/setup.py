@@ -28,6 +28,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
+from agentsessions.host.telemetry import switch
+
 SERVICE_NAME = "agentsessions-host"
 
 
@@ -87,4 +89,5 @@ def install(kind: str, stream: TextIO | None = None) -> Installed:
         trace.set_tracer_provider(installed.tracer_provider)
     if installed.meter_provider is not None:
         metrics.set_meter_provider(installed.meter_provider)
+    switch.refresh()
     return installed
