@@ -4,6 +4,8 @@ The controller uses :func:`validate_tool_call` before journaling a host-run call
 :class:`ToolRegistry` to run it at most once per (session, idempotency key).
 """
 
+from typing import TYPE_CHECKING
+
 from agentsessions.host.tools.args import (
     check_json_value,
     python_to_struct,
@@ -89,6 +91,9 @@ __all__ = [
     "validate_tool_args",
     "validate_tool_call",
 ]
+
+if TYPE_CHECKING:
+    from agentsessions.host.tools.mcp_stdio import McpExecutor, result_from_mcp
 
 
 def __getattr__(name: str) -> object:
