@@ -30,6 +30,7 @@ from agentsessions.host.controller.controller import ReplayReport
 from agentsessions.host.controller.errors import ControllerError, ReplayDivergedError
 from agentsessions.host.journal.postgres import redact_url
 from agentsessions.host.journal.store import StoreError, TamperedError
+from agentsessions.host.runtime.process import HarnessProcessError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DIVERGED", "EXIT_OK", "add_parser"]
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = replay_config(args, os.environ)
         return asyncio.run(_replay(config, args.session))
-    except (ConfigError, _CannotReplay) as exc:
+    except (ConfigError, _CannotReplay, HarnessProcessError) as exc:
         _error(str(exc))
     except KeyboardInterrupt:
         _error("interrupted")

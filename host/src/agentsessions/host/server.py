@@ -126,7 +126,12 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener])
     facts["tls"] = "off" if tls is None else "mutual" if tls.mutual else "on"
     facts["auth"] = "tokens" if config.auth_tokens else "off"
     facts["services"] = [service.name for service in app.services]
-    facts["harnesses"] = [name for name, _ in config.harnesses]
+    # Every static harness the host serves: built in, --harness and --harness-process.
+    facts["harnesses"] = (
+        app.controller.catalog.static_names()
+        if app.controller is not None
+        else [name for name, _ in config.harnesses]
+    )
     facts["model"] = config.model or "echo (built in)"
     facts["pid"] = os.getpid()
     return facts
