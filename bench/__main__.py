@@ -14,7 +14,7 @@ BACKENDS = ("memory", "sqlite", "postgres")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("suites", nargs="*", choices=[*SUITES, []], help="suites to run (default: all)")
+    parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"one of {', '.join(SUITES)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
     parser.add_argument(
         "--backends",
@@ -22,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated journal backends (postgres needs AGENTSESSIONS_BENCH_PG_URL)",
     )
     args = parser.parse_args(argv)
+    strange = sorted(set(args.suites) - set(SUITES))
+    if strange:
+        parser.error(f"unknown suite(s): {', '.join(strange)}")
     backends = [b for b in args.backends.split(",") if b]
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
