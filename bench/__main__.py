@@ -14,7 +14,9 @@ BACKENDS = ("memory", "sqlite", "postgres")
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("suites", nargs="*", metavar="SUITE", help=f"one of {', '.join(SUITES)} (default: all)")
+    parser.add_argument(
+        "suites", nargs="*", metavar="SUITE", help=f"one of {', '.join(SUITES)} (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
     parser.add_argument(
         "--backends",
