@@ -484,7 +484,9 @@ def start_from_frame(frame: harness_pb2.ControllerFrame) -> Start:
         session=frame.session,
         execution_id=frame.execution_id,
         inputs=list(body.inputs),
-        history=list(body.history),
+        # The frame's own sequence: a Python object per event only for a harness that reads them
+        # (a history grows by ~5 events a turn; an echo turn never looks at it).
+        history=body.history,
         config=body.config,
         resume_from_seq=body.resume_from_seq,
         identity=body.identity if body.HasField("identity") else None,
