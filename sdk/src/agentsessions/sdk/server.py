@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from agentsessions.sdk import tracing
 from agentsessions.sdk.approval import host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import (
     ApprovalParkedError,
@@ -27,7 +28,6 @@ from agentsessions.sdk.errors import (
     SinkError,
     ToolCallRejectedError,
 )
-from agentsessions.sdk import tracing
 from agentsessions.sdk.harness import Harness, Start, text_message
 from agentsessions.sdk.tls import ServerTLS, add_port
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
