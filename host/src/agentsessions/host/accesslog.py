@@ -128,12 +128,19 @@ class _Call:
         self.error = ""
         self.code: grpc.StatusCode | None = None
         self.started = time.perf_counter()
+        # Read while the call is certainly alive: a stream generator can be finalized after the
+        # server has released the call, and touching the context then crashes grpc's C core.
+        self.peer = context.peer()
         # Each RPC runs in its own task, so the binding ends with the RPC and is never reset here.
         requestid.bind(request_id)
         context.set_trailing_metadata(((requestid.HEADER, request_id),))
 
     def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, GeneratorExit):
+            # The stream was closed from outside (the client went away, or the server stopped):
+            # the call may be gone, so the context is not consulted.
+            self.code = grpc.StatusCode.CANCELLED
+        elif isinstance(exc, asyncio.CancelledError):
             remaining = self.context.time_remaining()
             expired = remaining is not None and remaining <= 0
             self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
@@ -149,7 +156,7 @@ class _Call:
             "code": code.name,
             "duration_ms": round((time.perf_counter() - self.started) * 1000, 3),
             "request_id": self.request_id,
-            "peer": self.context.peer(),
+            "peer": self.peer,
         }
         if self.error:
             values["error"] = self.error
