@@ -1,5 +1,7 @@
 # agentsessions for Python. `make run` serves the host on the embedded defaults; `make test` runs the suite.
 PYTHON ?= python3
+# Test processes (pytest-xdist); "auto" = one per core. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= auto
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -26,7 +28,7 @@ demo: $(STAMP)
 	$(PY) -m agentsessions.host.demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	rm -f $(GEN_DIR)/agentsessions/v1/*_pb2*.py $(GEN_DIR)/agentsessions/v1/*_pb2*.pyi
