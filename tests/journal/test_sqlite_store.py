@@ -13,6 +13,7 @@ import aiosqlite
 import pytest
 
 from agentsessions.host.journal import SchemaError, SessionRow, StoreError, open_store
+from agentsessions.host.journal import sqlite as sqlite_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from agentsessions.v1 import common_pb2
@@ -200,17 +201,18 @@ async def test_a_failed_commit_fails_every_append_of_the_batch(
 ) -> None:
     for uid in ("a", "b", "c"):
         await store.create_session(SessionRow(uid=uid, project="p"))
-    real = store._w.executemany
+    real = sqlite_store._heads
     calls = 0
 
-    async def failing_once(sql: str, params: Any) -> Any:
+    # The batch's statements run on the connection's thread; the first one of the batch fails.
+    def failing_once(db: sqlite3.Connection, uids: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return await real(sql, params)
+        return real(db, uids)
 
-    monkeypatch.setattr(store._w, "executemany", failing_once)
+    monkeypatch.setattr(sqlite_store, "_heads", failing_once)
     outcomes = await asyncio.gather(
         *(store.append(u, [inp("x")], expected_head=0, fence=0) for u in ("a", "b", "c")),
         return_exceptions=True,

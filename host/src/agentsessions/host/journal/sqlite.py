@@ -141,6 +141,9 @@ _INSERT_ROW: Final = (
 _INSERT_EVENT: Final = (
     "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)"
 )
+_UPDATE_HEAD: Final = (
+    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ? WHERE session = ?"
+)
 
 _T = TypeVar("_T")
 _Db = aiosqlite.Connection
@@ -388,13 +391,18 @@ class SqliteStore:
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         failure: tuple[type[StoreError], str, BaseException] | None = None
         try:
-            await self._w.execute("BEGIN IMMEDIATE")
-            try:
-                await self._apply(batch, outcomes)
-                await self._w.execute("COMMIT")
-            except BaseException:
-                await self._rollback()
-                raise
+            if all(isinstance(item, _Append) for item in batch):
+                # Appends only (a turn's records): two trips to the connection's thread, BEGIN with
+                # the heads and then every row with COMMIT, instead of one trip per statement.
+                await self._commit_appends([item for item in batch if isinstance(item, _Append)], outcomes)
+            else:
+                await self._w.execute("BEGIN IMMEDIATE")
+                try:
+                    await self._apply(batch, outcomes)
+                    await self._w.execute("COMMIT")
+                except BaseException:
+                    await self._rollback()
+                    raise
         except sqlite3.IntegrityError as exc:
             failure = (ConflictError, f"journal write lost to a concurrent writer: {exc}", exc)
         except sqlite3.Error as exc:
@@ -422,6 +430,17 @@ class SqliteStore:
                 self.stats.events += len(item.events)
         for future, value, error in outcomes:
             _settle(future, value, error)
+
+    async def _commit_appends(
+        self, run: list[_Append], outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+    ) -> None:
+        heads = await _on_thread(self._w, _begin_with_heads, {a.uid for a in run})
+        try:
+            rows, updates = _chain(run, heads, outcomes)
+            await _on_thread(self._w, _write_rows, rows, updates, True)
+        except BaseException:
+            await self._rollback()
+            raise
 
     async def _rollback(self) -> None:
         # Fails harmlessly when no transaction is open (BEGIN itself failed).
@@ -457,79 +476,10 @@ class SqliteStore:
         run: list[_Append],
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
     ) -> None:
-        heads = await self._heads({a.uid for a in run})
-        rows: list[tuple[str, int, str, str, int, bytes]] = []
-        for ap in run:
-            head = heads[ap.uid]
-            if not head.exists or head.deleted:
-                outcomes.append((ap.future, None, SessionNotFoundError(f"session {ap.uid} not found")))
-                continue
-            if ap.expected_head != head.seq:
-                outcomes.append(
-                    (
-                        ap.future,
-                        None,
-                        ConflictError(
-                            f"expected_last_seq {ap.expected_head} does not match head {head.seq} "
-                            f"of session {ap.uid}"
-                        ),
-                    )
-                )
-                continue
-            if ap.fence < head.fence:
-                outcomes.append(
-                    (
-                        ap.future,
-                        None,
-                        FencedError(
-                            f"fence {ap.fence} is superseded by fence {head.fence} of session {ap.uid}"
-                        ),
-                    )
-                )
-                continue
-            seq, prev, state = head.seq, head.hash, head.compute_state
-            chained: list[tuple[int, str, str]] = []
-            for ev, blob, canonical in zip(ap.events, ap.blobs, ap.canonical, strict=True):
-                seq += 1
-                digest = chain_hash(canonical, prev, seq)
-                rows.append((ap.uid, seq, prev, digest, ap.fence, blob))
-                chained.append((seq, prev, digest))
-                state = project_compute_state(state, ev)
-                prev = digest
-            if chained:
-                head.seq, head.hash, head.compute_state, head.touched = seq, prev, state, True
-            outcomes.append((ap.future, chained, None))
+        heads = await _on_thread(self._w, _heads, {a.uid for a in run})
+        rows, updates = _chain(run, heads, outcomes)
         if rows:
-            await self._w.executemany(_INSERT_EVENT, rows)
-            now = time.time_ns()
-            await self._w.executemany(
-                "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ? "
-                "WHERE session = ?",
-                [(h.compute_state, now, h.seq, h.hash, uid) for uid, h in heads.items() if h.touched],
-            )
-
-    async def _heads(self, uids: Iterable[str]) -> dict[str, _Head]:
-        keys = sorted(uids)
-        heads: dict[str, _Head] = {}
-        # Bounded IN lists keep the statement cache small and stay far below SQLite's variable limit.
-        for start in range(0, len(keys), 256):
-            chunk = keys[start : start + 256]
-            marks = ",".join("(?)" for _ in chunk)
-            rows = await self._w.execute_fetchall(
-                f"""
-                WITH wanted(uid) AS (VALUES {marks})
-                SELECT wanted.uid, s.session IS NOT NULL, COALESCE(s.deleted, 0), COALESCE(s.fence, 0),
-                       COALESCE(s.compute_state, 'NONE'), e.seq, e.hash
-                FROM wanted
-                LEFT JOIN sessions AS s ON s.session = wanted.uid
-                LEFT JOIN events AS e ON e.session = wanted.uid
-                    AND e.seq = (SELECT MAX(seq) FROM events WHERE events.session = wanted.uid)
-                """,
-                chunk,
-            )
-            for uid, exists, deleted, fence, state, seq, digest in rows:
-                heads[uid] = _Head(bool(exists), bool(deleted), fence, state, seq or 0, digest or "")
-        return heads
+            await _on_thread(self._w, _write_rows, rows, updates, False)
 
     # -- session rows ------------------------------------------------------------------------
 
@@ -916,6 +866,121 @@ class SqliteStore:
             return list(await self._r.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
             raise StoreError(f"{what} failed: {exc}") from exc
+
+
+def _chain(
+    run: list[_Append],
+    heads: dict[str, _Head],
+    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+) -> tuple[list[tuple[str, int, str, str, int, bytes]], list[tuple[str, int, int, str, str]]]:
+    """Check each append against its session's head and fence and chain its events (on the event
+    loop's thread: hashing is Python work); the rows to insert and the session heads to update."""
+    rows: list[tuple[str, int, str, str, int, bytes]] = []
+    for ap in run:
+        head = heads[ap.uid]
+        if not head.exists or head.deleted:
+            outcomes.append((ap.future, None, SessionNotFoundError(f"session {ap.uid} not found")))
+            continue
+        if ap.expected_head != head.seq:
+            outcomes.append(
+                (
+                    ap.future,
+                    None,
+                    ConflictError(
+                        f"expected_last_seq {ap.expected_head} does not match head {head.seq} "
+                        f"of session {ap.uid}"
+                    ),
+                )
+            )
+            continue
+        if ap.fence < head.fence:
+            outcomes.append(
+                (
+                    ap.future,
+                    None,
+                    FencedError(f"fence {ap.fence} is superseded by fence {head.fence} of session {ap.uid}"),
+                )
+            )
+            continue
+        seq, prev, state = head.seq, head.hash, head.compute_state
+        chained: list[tuple[int, str, str]] = []
+        for ev, blob, canonical in zip(ap.events, ap.blobs, ap.canonical, strict=True):
+            seq += 1
+            digest = chain_hash(canonical, prev, seq)
+            rows.append((ap.uid, seq, prev, digest, ap.fence, blob))
+            chained.append((seq, prev, digest))
+            state = project_compute_state(state, ev)
+            prev = digest
+        if chained:
+            head.seq, head.hash, head.compute_state, head.touched = seq, prev, state, True
+        outcomes.append((ap.future, chained, None))
+    now = time.time_ns()
+    updates = [(h.compute_state, now, h.seq, h.hash, uid) for uid, h in heads.items() if h.touched]
+    return rows, updates
+
+
+def _begin_with_heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, _Head]:
+    """On the connection's thread: BEGIN IMMEDIATE, then the sessions' heads (rolled back if the
+    read fails)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        return _heads(db, uids)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+
+
+def _write_rows(
+    db: sqlite3.Connection,
+    rows: list[tuple[str, int, str, str, int, bytes]],
+    updates: list[tuple[str, int, int, str, str]],
+    commit: bool,
+) -> None:
+    """On the connection's thread, in the open transaction: insert the records, move the heads,
+    and with ``commit`` end the transaction (rolled back if any of it fails)."""
+    try:
+        db.executemany(_INSERT_EVENT, rows)
+        db.executemany(_UPDATE_HEAD, updates)
+        if commit:
+            db.execute("COMMIT")
+    except BaseException:
+        if commit:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
+
+
+def _heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, _Head]:
+    """On the connection's thread, in the open transaction: the sessions' heads."""
+    keys = sorted(uids)
+    heads: dict[str, _Head] = {}
+    # Bounded IN lists keep the statement cache small and stay far below SQLite's variable limit.
+    for start in range(0, len(keys), 256):
+        chunk = keys[start : start + 256]
+        marks = ",".join("(?)" for _ in chunk)
+        rows = db.execute(
+            f"""
+            WITH wanted(uid) AS (VALUES {marks})
+            SELECT wanted.uid, s.session IS NOT NULL, COALESCE(s.deleted, 0), COALESCE(s.fence, 0),
+                   COALESCE(s.compute_state, 'NONE'), e.seq, e.hash
+            FROM wanted
+            LEFT JOIN sessions AS s ON s.session = wanted.uid
+            LEFT JOIN events AS e ON e.session = wanted.uid
+                AND e.seq = (SELECT MAX(seq) FROM events WHERE events.session = wanted.uid)
+            """,
+            chunk,
+        ).fetchall()
+        for uid, exists, deleted, fence, state, seq, digest in rows:
+            heads[uid] = _Head(bool(exists), bool(deleted), fence, state, seq or 0, digest or "")
+    return heads
+
+
+async def _on_thread(db: _Db, work: Callable[..., _T], *args: Any) -> _T:
+    """``work(connection, *args)`` on the connection's own thread: one trip for several statements
+    (aiosqlite has no public call for it; its worker runs the callables it is handed, in order)."""
+    result: _T = await db._execute(work, db._conn, *args)  # type: ignore[no-untyped-call]
+    return result
 
 
 async def _one(db: _Db, sql: str, params: Sequence[Any]) -> Any:
