@@ -131,18 +131,18 @@ class _Call:
         # Read while the call is certainly alive: a stream generator can be finalized after the
         # server has released the call, and touching the context then crashes grpc's C core.
         self.peer = context.peer()
+        remaining = context.time_remaining()
+        self.deadline = None if remaining is None else time.monotonic() + remaining
         # Each RPC runs in its own task, so the binding ends with the RPC and is never reset here.
         requestid.bind(request_id)
         context.set_trailing_metadata(((requestid.HEADER, request_id),))
 
     def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, GeneratorExit):
-            # The stream was closed from outside (the client went away, or the server stopped):
-            # the call may be gone, so the context is not consulted.
-            self.code = grpc.StatusCode.CANCELLED
-        elif isinstance(exc, asyncio.CancelledError):
-            remaining = self.context.time_remaining()
-            expired = remaining is not None and remaining <= 0
+        if isinstance(exc, GeneratorExit | asyncio.CancelledError):
+            # Cancelled, or the stream closed from outside (the client went away, its deadline
+            # passed, or the server stopped). The call may already be released, so the context
+            # is not consulted: the deadline noted at the start tells which it was.
+            expired = self.deadline is not None and time.monotonic() >= self.deadline
             self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
         elif not isinstance(exc, aio.AbortError):
             # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.

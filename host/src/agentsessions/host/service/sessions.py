@@ -6,7 +6,9 @@ gRPC); domain errors become statuses through ``service.status``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+import contextlib
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import NoReturn, TypeVar
 
 from grpc import aio
@@ -25,7 +27,6 @@ from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 SERVICE_NAME: str = session_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 REPLAY_PAGE = 1000
-T = TypeVar("T")
 
 
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -34,11 +35,44 @@ async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
     raise AssertionError("context.abort returned")
 
 
-async def _call(context: aio.ServicerContext, work: Awaitable[T]) -> T:
-    try:
-        return await work
-    except (ControllerError, StoreError) as exc:
-        await _abort(context, exc)
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Servicer = TypeVar("Servicer")
+_DOMAIN_ERRORS = (ControllerError, StoreError)
+
+
+def _unary(
+    method: Callable[[Servicer, Req], Awaitable[Resp]],
+) -> Callable[[Servicer, Req, aio.ServicerContext], Awaitable[Resp]]:
+    """A unary handler whose domain errors (validation included) become their gRPC status."""
+
+    @functools.wraps(method)
+    async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request)
+        except _DOMAIN_ERRORS as exc:
+            await _abort(context, exc)
+
+    return handler
+
+
+def _streaming(
+    method: Callable[[Servicer, Req], AsyncGenerator[Resp, None]],
+) -> Callable[[Servicer, Req, aio.ServicerContext], AsyncIterator[Resp]]:
+    """A server-streaming handler: errors raised before the first frame answer with no frame."""
+
+    @functools.wraps(method)
+    async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> AsyncIterator[Resp]:
+        try:
+            # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
+            # and its guard released), not whenever the garbage collector finalizes it.
+            async with contextlib.aclosing(method(self, request)) as items:
+                async for item in items:
+                    yield item
+        except _DOMAIN_ERRORS as exc:
+            await _abort(context, exc)
+
+    return handler
 
 
 class SessionsServicer(session_pb2_grpc.SessionsServicer):
@@ -47,165 +81,103 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
 
-    async def CreateSession(
-        self, request: session_pb2.CreateSessionRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            params = _create_params(request.session)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        view = await _call(context, self.controller.create_session(params))
-        return session_view_proto(view)
+    @_unary
+    async def CreateSession(self, request: session_pb2.CreateSessionRequest) -> session_pb2.Session:
+        return session_view_proto(await self.controller.create_session(_create_params(request.session)))
 
-    async def GetSession(
-        self, request: session_pb2.GetSessionRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            uid = v.session_uid("uid", request.uid)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        return session_view_proto(await _call(context, self.controller.view(uid)))
+    @_unary
+    async def GetSession(self, request: session_pb2.GetSessionRequest) -> session_pb2.Session:
+        return session_view_proto(await self.controller.view(v.session_uid("uid", request.uid)))
 
+    @_unary
     async def ListSessions(
-        self, request: session_pb2.ListSessionsRequest, context: aio.ServicerContext
+        self, request: session_pb2.ListSessionsRequest
     ) -> session_pb2.ListSessionsResponse:
-        try:
-            project = v.bounded("project", request.project)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        views, token = await _call(
-            context, self.controller.list_sessions(project, request.page_size, request.page_token)
-        )
+        project = v.bounded("project", request.project)
+        views, token = await self.controller.list_sessions(project, request.page_size, request.page_token)
         return session_pb2.ListSessionsResponse(
             sessions=[session_view_proto(x) for x in views], next_page_token=token
         )
 
-    async def DeleteSession(
-        self, request: session_pb2.DeleteSessionRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            uid = v.session_uid("uid", request.uid)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        return session_view_proto(await _call(context, self.controller.delete_session(uid)))
+    @_unary
+    async def DeleteSession(self, request: session_pb2.DeleteSessionRequest) -> session_pb2.Session:
+        return session_view_proto(await self.controller.delete_session(v.session_uid("uid", request.uid)))
 
-    async def Exec(
-        self, request: session_pb2.ExecRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[session_pb2.ExecUpdate]:
-        try:
-            params = _exec_params(request)
-            async with self.controller.admit_exec(params) as turn:
-                yield session_pb2.ExecUpdate(session=session_view_proto(turn.view))
-                async for update in turn.run():
-                    if isinstance(update, common_pb2.LogRecord):
-                        yield session_pb2.ExecUpdate(record=update)
-                    elif isinstance(update, session_pb2.Delta):
-                        yield session_pb2.ExecUpdate(delta=update)
-                    else:
-                        yield session_pb2.ExecUpdate(session=update)
-        except (ControllerError, StoreError) as exc:
-            await _abort(context, exc)
+    @_streaming
+    async def Exec(self, request: session_pb2.ExecRequest) -> AsyncGenerator[session_pb2.ExecUpdate, None]:
+        async with self.controller.admit_exec(_exec_params(request)) as turn:
+            yield session_pb2.ExecUpdate(session=session_view_proto(turn.view))
+            async for update in turn.run():
+                if isinstance(update, common_pb2.LogRecord):
+                    yield session_pb2.ExecUpdate(record=update)
+                elif isinstance(update, session_pb2.Delta):
+                    yield session_pb2.ExecUpdate(delta=update)
+                else:
+                    yield session_pb2.ExecUpdate(session=update)
 
-    async def Replay(
-        self, request: session_pb2.ReplayRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[common_pb2.LogRecord]:
-        try:
-            uid = v.session_uid("session", request.session)
-            v.non_negative("to_seq", request.to_seq)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        if not await _call(context, self.controller.may_read_journal(uid)):
+    @_streaming
+    async def Replay(self, request: session_pb2.ReplayRequest) -> AsyncGenerator[common_pb2.LogRecord, None]:
+        uid = v.session_uid("session", request.session)
+        v.non_negative("to_seq", request.to_seq)
+        if not await self.controller.may_read_journal(uid):
             return
         seq = max(request.from_seq, 1)
         last = request.to_seq
         store = self.controller.store
         while last == 0 or seq <= last:
             upper = seq + REPLAY_PAGE - 1 if last == 0 else min(seq + REPLAY_PAGE - 1, last)
-            try:
-                page = await store.read(uid, seq, upper)
-            except StoreError as exc:
-                await _abort(context, exc)
+            page = await store.read(uid, seq, upper)
             for rec in page:
                 yield rec
             if len(page) < upper - seq + 1:
                 return
             seq = upper + 1
 
-    async def Approve(
-        self, request: session_pb2.ApproveRequest, context: aio.ServicerContext
-    ) -> session_pb2.ApproveResponse:
-        try:
-            uid = v.session_uid("session", request.session)
-            v.require("execution_id", request.execution_id)
-            v.require("tool_call_id", request.tool_call_id)
-            if request.request_seq <= 0:
-                raise InvalidArgumentError("request_seq", f"must be positive, got {request.request_seq}")
-            if not request.HasField("approved"):
-                raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
-            v.bounded("reason", request.reason, v.MAX_VALUE)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        identity = request.identity if request.HasField("identity") else None
-        view, record = await _call(
-            context,
-            self.controller.approve(
-                uid,
-                request.execution_id,
-                request.tool_call_id,
-                request.request_seq,
-                request.approved,
-                request.reason,
-                identity,
-            ),
+    @_unary
+    async def Approve(self, request: session_pb2.ApproveRequest) -> session_pb2.ApproveResponse:
+        uid = v.session_uid("session", request.session)
+        v.require("execution_id", request.execution_id)
+        v.require("tool_call_id", request.tool_call_id)
+        if request.request_seq <= 0:
+            raise InvalidArgumentError("request_seq", f"must be positive, got {request.request_seq}")
+        if not request.HasField("approved"):
+            raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
+        v.bounded("reason", request.reason, v.MAX_VALUE)
+        view, record = await self.controller.approve(
+            uid,
+            request.execution_id,
+            request.tool_call_id,
+            request.request_seq,
+            request.approved,
+            request.reason,
+            request.identity if request.HasField("identity") else None,
         )
         return session_pb2.ApproveResponse(session=session_view_proto(view), decision=record)
 
-    async def Cancel(
-        self, request: session_pb2.CancelRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            uid = v.session_uid("session", request.session)
-            v.bounded("reason", request.reason, v.MAX_VALUE)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        view = await _call(context, self.controller.cancel(uid, request.execution_id, request.reason))
-        return session_view_proto(view)
+    @_unary
+    async def Cancel(self, request: session_pb2.CancelRequest) -> session_pb2.Session:
+        uid = v.session_uid("session", request.session)
+        v.bounded("reason", request.reason, v.MAX_VALUE)
+        return session_view_proto(await self.controller.cancel(uid, request.execution_id, request.reason))
 
-    async def Suspend(
-        self, request: session_pb2.SuspendRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            uid = v.session_uid("session", request.session)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        return session_view_proto(await _call(context, self.controller.suspend(uid)))
+    @_unary
+    async def Suspend(self, request: session_pb2.SuspendRequest) -> session_pb2.Session:
+        return session_view_proto(await self.controller.suspend(v.session_uid("session", request.session)))
 
-    async def Resume(
-        self, request: session_pb2.ResumeRequest, context: aio.ServicerContext
-    ) -> session_pb2.Session:
-        try:
-            uid = v.session_uid("session", request.session)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        return session_view_proto(await _call(context, self.controller.resume(uid)))
+    @_unary
+    async def Resume(self, request: session_pb2.ResumeRequest) -> session_pb2.Session:
+        return session_view_proto(await self.controller.resume(v.session_uid("session", request.session)))
 
-    async def Fork(
-        self, request: session_pb2.ForkRequest, context: aio.ServicerContext
-    ) -> session_pb2.ForkResponse:
-        try:
-            uid = v.session_uid("session", request.session)
-            if request.HasField("identity"):
-                raise InvalidArgumentError(
-                    "identity", "must be unset: per-child principals are not supported"
-                )
-            labels = v.string_map("labels", request.labels)
-            for i, name in enumerate(request.child_names):
-                v.bounded(f"child_names[{i}]", name)
-        except InvalidArgumentError as exc:
-            await _abort(context, exc)
-        children = await _call(
-            context,
-            self.controller.fork(uid, request.at_seq, request.count, list(request.child_names), labels),
+    @_unary
+    async def Fork(self, request: session_pb2.ForkRequest) -> session_pb2.ForkResponse:
+        uid = v.session_uid("session", request.session)
+        if request.HasField("identity"):
+            raise InvalidArgumentError("identity", "must be unset: per-child principals are not supported")
+        labels = v.string_map("labels", request.labels)
+        for i, name in enumerate(request.child_names):
+            v.bounded(f"child_names[{i}]", name)
+        children = await self.controller.fork(
+            uid, request.at_seq, request.count, list(request.child_names), labels
         )
         return session_pb2.ForkResponse(children=[session_view_proto(c) for c in children])
 
