@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from grpc import aio
+
+from agentsessions.host.journal import open_store
+from agentsessions.host.journal.store import JournalStore
 
 
 @pytest.fixture
@@ -49,3 +53,17 @@ async def grpc_channel(grpc_addr: str, grpc_server: aio.Server) -> AsyncIterator
 @pytest.fixture
 def grpc_stub(grpc_stub_cls: Callable[[aio.Channel], Any], grpc_channel: aio.Channel) -> Any:
     return grpc_stub_cls(grpc_channel)
+
+
+@pytest.fixture
+def journal_path(tmp_path: Path) -> str:
+    """A SQLite journal file in the test's temporary directory (not yet created)."""
+    return str(tmp_path / "journal.db")
+
+
+@pytest.fixture
+async def store(journal_path: str) -> AsyncIterator[JournalStore]:
+    """A SQLite journal store, closed after the test (tests/journal overrides it per backend)."""
+    s = await open_store(journal_path)
+    yield s
+    await s.close()

@@ -7,23 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentsessions.host.journal import open_store
-from agentsessions.host.journal.store import JournalStore
 from tests.support.processes import HarnessProcess, harness_process, serve_argv
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def journal_path(tmp_path: Path) -> str:
-    return str(tmp_path / "journal.db")
-
-
-@pytest.fixture
-async def store(journal_path: str) -> AsyncIterator[JournalStore]:
-    s = await open_store(journal_path)
-    yield s
-    await s.close()
 
 
 @pytest.fixture

@@ -5,25 +5,16 @@ served over Harness.Connect on loopback, a host on a loopback port wired to all 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.echo import EchoModel
 from tests.durability.commands import Command, in_process
 from tests.durability.harnesses import served
 from tests.durability.models import CountingModel
 from tests.support.host import HostUnderTest, counting_ids, running_host
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    s = await open_store(str(tmp_path / "journal.db"))
-    yield s
-    await s.close()
 
 
 @pytest.fixture

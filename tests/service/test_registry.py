@@ -18,13 +18,6 @@ hr = harness_registry_pb2
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    s = await open_store(str(tmp_path / "journal.db"))
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def echo_process() -> AsyncIterator[HarnessProcess]:
     async with harness_process(serve_argv("agentsessions.harnesses.echo:EchoHarness")) as proc:
         yield proc
