@@ -5,7 +5,8 @@ the same client stack. ``turns`` runs ``--sessions`` sessions concurrently, each
 after another (``--warmup`` untimed turns each, then timed ones until ``--seconds`` pass or
 ``--turns`` are done), and prints one JSON object: turns, elapsed seconds, turns/s, updates per
 turn, and with ``--latencies`` every timed turn's latency in order. ``exec`` runs one turn with a
-given config (the model round-trip benchmark's trigger).
+given config (the model round-trip benchmark's trigger). ``flat`` times every turn of one long
+session, with a fresh session's turns alternated into its last ones (the flatness benchmark).
 """
 
 from __future__ import annotations
@@ -102,6 +103,26 @@ async def _warm(stub: session_pb2_grpc.SessionsAsyncStub, uid: str, turns: int) 
         await turn(stub, uid)
 
 
+async def run_flat(target: str, harness: str, late: int, fresh: int) -> dict[str, Any]:
+    """Latency of every turn of one session of ``late`` turns; over its last ``fresh`` turns a
+    fresh session's turns alternate with it, so both are timed under the same machine load."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = cast("session_pb2_grpc.SessionsAsyncStub", session_pb2_grpc.SessionsStub(channel))
+        long, short = SessionLoad(await _create(stub, harness)), SessionLoad(await _create(stub, harness))
+
+        async def timed(load: SessionLoad) -> None:
+            t0 = time.perf_counter()
+            load.updates += await turn(stub, load.uid)
+            load.latencies.append(time.perf_counter() - t0)
+
+        while len(long.latencies) < late - fresh:
+            await timed(long)
+        while len(long.latencies) < late:
+            await timed(short)
+            await timed(long)
+    return {"session": long.latencies, "fresh": short.latencies}
+
+
 async def run_exec(target: str, harness: str, config: str) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = cast("session_pb2_grpc.SessionsAsyncStub", session_pb2_grpc.SessionsStub(channel))
@@ -122,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--seconds", type=float, default=5.0)
     t.add_argument("--turns", type=int, default=1_000_000, help="at most this many timed turns per session")
     t.add_argument("--latencies", action="store_true")
+    f = sub.add_parser("flat")
+    f.add_argument("--target", required=True)
+    f.add_argument("--harness", default="")
+    f.add_argument("--turns", type=int, required=True, help="turns of the long session")
+    f.add_argument("--fresh", type=int, required=True, help="turns of the fresh session, alternated")
     e = sub.add_parser("exec")
     e.add_argument("--target", required=True)
     e.add_argument("--harness", default="")
@@ -139,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.latencies,
             )
         )
+    elif args.mode == "flat":
+        result = asyncio.run(run_flat(args.target, args.harness, args.turns, args.fresh))
     else:
         result = asyncio.run(run_exec(args.target, args.harness, args.config))
     print(json.dumps(result), flush=True)

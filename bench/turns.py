@@ -62,7 +62,6 @@ class Sizes:
     repeats: int  # throughput runs per configuration (best kept)
     warmup: int  # untimed turns per session before each window
     round_trips: int  # model calls timed (host-mediated and ping-pong alike)
-    flat_turns: int  # turns of the flatness session
     flat_positions: tuple[int, int]  # early and late turn compared
     flat_runs: int  # flatness sessions (median kept)
 
@@ -72,7 +71,6 @@ FULL: Final = Sizes(
     repeats=2,
     warmup=3,
     round_trips=400,
-    flat_turns=1_010,
     flat_positions=(10, 1_000),
     flat_runs=3,
 )
@@ -81,7 +79,6 @@ QUICK: Final = Sizes(
     repeats=1,
     warmup=2,
     round_trips=60,
-    flat_turns=110,
     flat_positions=(10, 100),
     flat_runs=1,
 )
@@ -315,29 +312,43 @@ def measure_round_trips(
 
 
 def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) -> None:
+    """Turn ``late`` against turn ``early`` of one session (the goal), and, as a control timed in
+    the same seconds, against turn ``early`` of a fresh session alternated with the long one's
+    last turns (load on a shared machine drifts over the minute a long session takes)."""
     early, late = sizes.flat_positions
+    fresh = early + FLAT_WINDOW
     early_s: list[float] = []
     late_s: list[float] = []
+    fresh_s: list[float] = []
+
+    def around(series: list[float], position: int) -> float:
+        return statistics.median(series[position - 1 - FLAT_WINDOW : position + FLAT_WINDOW])
+
     for _ in range(sizes.flat_runs):
-        result = client_turns(
-            target,
-            harness,
-            1,
-            sizes,
-            turns=sizes.flat_turns,
-            warmup=0,
-            latencies=True,
-            seconds=float(sizes.flat_turns),  # bounded by the turn count; this only caps a stall
+        result = run_json(
+            _python(
+                "bench.turn_client",
+                "flat",
+                "--target",
+                target,
+                "--harness",
+                harness,
+                "--turns",
+                str(late + FLAT_WINDOW),
+                "--fresh",
+                str(fresh),
+            ),
+            CLIENT_SLACK_S + late,  # a bound, far above what the turns take
         )
-        (series,) = result["latencies"]
-        if len(series) < late + FLAT_WINDOW:
-            raise RuntimeError(f"flatness session stopped after {len(series)} turns")
-        early_s.append(statistics.median(series[early - 1 - FLAT_WINDOW : early + FLAT_WINDOW]))
-        late_s.append(statistics.median(series[late - 1 - FLAT_WINDOW : late + FLAT_WINDOW]))
+        series, control = result["session"], result["fresh"]
+        early_s.append(around(series, early))
+        late_s.append(around(series, late))
+        fresh_s.append(around(control, early))
     report.flatness = {
         "positions": [early, late],
         "early_s": statistics.median(early_s),
         "late_s": statistics.median(late_s),
+        "fresh_early_s": statistics.median(fresh_s),
         "runs": sizes.flat_runs,
     }
 
@@ -398,11 +409,21 @@ def summary(report: Report) -> dict[str, Any]:
         False,
     )
     if report.flatness:
+        fl = report.flatness
         goal(
-            "turn {1} / turn {0} latency".format(*report.flatness["positions"]),
-            _ratio(report.flatness["late_s"], report.flatness["early_s"]),
+            "turn {1} / turn {0} latency".format(*fl["positions"]),
+            _ratio(fl["late_s"], fl["early_s"]),
             GOAL_FLATNESS,
             False,
+        )
+        goals.append(
+            {
+                "goal": "control: turn {1} / fresh session's turn {0}, same seconds".format(*fl["positions"]),
+                "value": _ratio(fl["late_s"], fl["fresh_early_s"]),
+                "target": GOAL_FLATNESS,
+                "at_least": False,
+                "met": None,
+            }
         )
     if "unavailable" not in report.langgraph:
         for n in ("1", str(CONCURRENT)):
@@ -451,7 +472,8 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         early, late = fl["positions"]
         print(
             f"\nflatness: turn {early} {fl['early_s'] * 1e3:.2f} ms, turn {late} {fl['late_s'] * 1e3:.2f} ms "
-            f"(median of {fl['runs']} session(s))",
+            f"(median of {fl['runs']} session(s)); control, turn {early} of a fresh session timed "
+            f"beside turn {late}: {fl['fresh_early_s'] * 1e3:.2f} ms",
             file=out,
         )
     print("\ngoals", file=out)
@@ -533,7 +555,7 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    print(f"\nwrote {out.relative_to(ROOT)}")
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
 
