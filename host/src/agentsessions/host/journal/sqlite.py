@@ -243,10 +243,12 @@ class _Append:
 @dataclass(eq=False)
 class _Op(Generic[_T]):
     """Any other write, applied in order inside the batch transaction. ``apply`` checks every
-    precondition before its first write, so a domain error leaves nothing behind."""
+    precondition before its first write, so a domain error leaves nothing behind. ``on_thread``,
+    when set, is the same write as plain statements for the connection's thread."""
 
     apply: Callable[[_Db], Awaitable[_T]]
     future: asyncio.Future[_T]
+    on_thread: Callable[[sqlite3.Connection], _T] | None = None
 
 
 @dataclass
@@ -362,6 +364,17 @@ class SqliteStore:
         self._enqueue(op, what)
         return await op.future
 
+    async def _write_on_thread(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """A write of plain statements: one trip to the connection's thread inside a mixed batch,
+        and a batch of nothing else is a single trip, BEGIN to COMMIT."""
+
+        async def apply(db: _Db) -> _T:
+            return await _on_thread(db, work)
+
+        op: _Op[_T] = _Op(apply, asyncio.get_running_loop().create_future(), work)
+        self._enqueue(op, what)
+        return await op.future
+
     async def _write_loop(self) -> None:
         try:
             while True:
@@ -395,6 +408,9 @@ class SqliteStore:
                 # Appends only (a turn's records): two trips to the connection's thread, BEGIN with
                 # the heads and then every row with COMMIT, instead of one trip per statement.
                 await self._commit_appends([item for item in batch if isinstance(item, _Append)], outcomes)
+            elif all(isinstance(item, _Op) and item.on_thread is not None for item in batch):
+                # Plain-statement writes only (a turn's fence mint): one trip, BEGIN to COMMIT.
+                await _on_thread(self._w, _apply_on_thread, batch, outcomes)
             else:
                 await self._w.execute("BEGIN IMMEDIATE")
                 try:
@@ -561,28 +577,26 @@ class SqliteStore:
         return await self._write("delete session", apply)
 
     async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
-        async def apply(db: _Db) -> int:
+        def mint(db: sqlite3.Connection) -> int:
             now = time.time_ns()
             if expected_head is not None:
-                row = await _one(db, "SELECT last_seq FROM sessions WHERE session = ?", (uid,))
+                row = db.execute("SELECT last_seq FROM sessions WHERE session = ?", (uid,)).fetchone()
                 head = int(row[0]) if row is not None else 0
                 if head != expected_head:
                     raise ConflictError(
                         f"expected head {expected_head} does not match head {head} of session {uid}"
                     )
-            rec = await _one(
-                db,
+            rows = db.execute(
                 """
                 INSERT INTO sessions (session, fence, created_at, updated_at) VALUES (?, 1, ?, ?)
                 ON CONFLICT (session) DO UPDATE SET fence = fence + 1
                 RETURNING fence
                 """,
                 (uid, now, now),
-            )
-            assert rec is not None  # RETURNING always yields the row
-            return int(rec[0])
+            ).fetchall()
+            return int(rows[0][0])  # RETURNING always yields the row
 
-        return await self._write("new fence", apply)
+        return await self._write_on_thread("new fence", mint)
 
     # -- journal -----------------------------------------------------------------------------
 
@@ -917,6 +931,30 @@ def _chain(
     now = time.time_ns()
     updates = [(h.compute_state, now, h.seq, h.hash, uid) for uid, h in heads.items() if h.touched]
     return rows, updates
+
+
+def _apply_on_thread(
+    db: sqlite3.Connection,
+    ops: list[_Append | _Op[Any]],
+    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+) -> None:
+    """On the connection's thread: one transaction applying ``ops`` (each with ``on_thread``) in
+    order; a domain error fails only its op, anything else rolls the whole batch back."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for op in ops:
+            assert isinstance(op, _Op) and op.on_thread is not None
+            try:
+                value = op.on_thread(db)
+            except StoreError as exc:
+                outcomes.append((op.future, None, exc))
+            else:
+                outcomes.append((op.future, value, None))
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
 
 
 def _begin_with_heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, _Head]:
