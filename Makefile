@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard proto/agentsessions/v1/*.proto)
 GEN_DIR := sdk/src
 
-.PHONY: run demo test lint proto proto-check bench setup clean
+.PHONY: run demo test lint proto proto-check bench setup node-client clean
 
 $(STAMP): requirements-dev.txt sdk/pyproject.toml host/pyproject.toml harnesses/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,19 @@ $(STAMP): requirements-dev.txt sdk/pyproject.toml host/pyproject.toml harnesses/
 	$(PY) -m pip install -q -e ./sdk -e ./harnesses -e ./host
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The Node.js client (clients/node) is installed from its lockfile only where node and npm are on
+# PATH, so a machine without Node still sets up; `make node-client` installs it explicitly.
+NODE_DIR := clients/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+HAVE_NODE := $(shell command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && echo yes)
+
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	npm ci --prefix $(NODE_DIR) --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+node-client: $(NODE_STAMP)
+
+setup: $(STAMP) $(if $(HAVE_NODE),node-client)
 
 # Serves on 127.0.0.1:50051 with a SQLite journal in ./agentsessions.db; Ctrl-C drains and stops.
 # Extra flags: make run RUN_ARGS="--listen 127.0.0.1:6000 --log-format json"
