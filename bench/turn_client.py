@@ -4,7 +4,8 @@ The same program drives the protocol floor and the durable host, so both are mea
 the same client stack. ``turns`` runs ``--sessions`` sessions concurrently, each doing turns one
 after another (``--warmup`` untimed turns each, then timed ones until ``--seconds`` pass or
 ``--turns`` are done), and prints one JSON object: turns, elapsed seconds, turns/s, updates per
-turn, and with ``--latencies`` every timed turn's latency in order. ``exec`` runs one turn with a
+turn, the client's own CPU seconds over the timed turns, and with ``--latencies`` every timed
+turn's latency in order. ``exec`` runs one turn with a
 given config (the model round-trip benchmark's trigger). ``flat`` times every turn of one long
 session, with a fresh session's turns alternated into its last ones (the flatness benchmark).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -75,6 +77,7 @@ async def run_turns(
         loads = [SessionLoad(await _create(stub, harness)) for _ in range(sessions)]
         await asyncio.gather(*(_warm(stub, load.uid, warmup) for load in loads))
         began = time.perf_counter()
+        cpu_began = _cpu()
         deadline = began + seconds
 
         async def drive(load: SessionLoad) -> None:
@@ -85,17 +88,24 @@ async def run_turns(
 
         await asyncio.gather(*(drive(load) for load in loads))
         elapsed = time.perf_counter() - began
+        cpu = _cpu() - cpu_began
     done = sum(len(load.latencies) for load in loads)
     result: dict[str, Any] = {
         "sessions": sessions,
         "turns": done,
         "elapsed_s": elapsed,
         "turns_per_s": done / elapsed if elapsed > 0 else 0.0,
+        "cpu_s": cpu,
         "updates_per_turn": sum(load.updates for load in loads) / done if done else 0.0,
     }
     if keep:
         result["latencies"] = [load.latencies for load in loads]
     return result
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _warm(stub: session_pb2_grpc.SessionsAsyncStub, uid: str, turns: int) -> None:

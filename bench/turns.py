@@ -107,6 +107,7 @@ class Fleet:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self._procs: list[tuple[str, subprocess.Popen[str], TextIO]] = []
+        self.pids: dict[str, int] = {}
 
     def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[str]:
         log = open(self.workdir / f"{name}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -120,6 +121,7 @@ class Fleet:
             text=True,
         )
         self._procs.append((name, proc, log))
+        self.pids[name] = proc.pid
         return proc
 
     def announced(self, name: str, argv: Sequence[str]) -> str:
@@ -177,6 +179,16 @@ def fleet(workdir: Path) -> Iterator[Fleet]:
         yield f
     finally:
         f.close()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU a live process has used (Linux /proc; None where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    # After the command name: state is field 3 of stat(5), utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _python(module: str, *args: str) -> list[str]:
@@ -245,26 +257,48 @@ def client_turns(
 class Report:
     sizes: Sizes
     throughput: dict[str, dict[str, float]] = field(default_factory=dict)
+    # CPU ms per turn of each process, from the best run: system -> sessions -> process -> ms
+    cpu_ms_per_turn: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     updates_per_turn: dict[str, float] = field(default_factory=dict)
     round_trip_s: dict[str, float] = field(default_factory=dict)
     flatness: dict[str, Any] = field(default_factory=dict)
     langgraph: dict[str, Any] = field(default_factory=dict)
 
-    def best(self, system: str, sessions: int, value: float) -> None:
+    def best(self, system: str, sessions: int, value: float, cpu_ms: dict[str, float]) -> None:
         runs = self.throughput.setdefault(system, {})
         key = str(sessions)
-        runs[key] = max(runs.get(key, 0.0), value)
+        if value > runs.get(key, 0.0):
+            runs[key] = value
+            self.cpu_ms_per_turn.setdefault(system, {})[key] = cpu_ms
 
 
-def measure_throughput(
-    report: Report, targets: dict[str, tuple[str, str]], sizes: Sizes, log: TextIO
-) -> None:
-    """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved."""
+@dataclass(frozen=True)
+class System:
+    """A system under test: where the client dials, which harness it asks for, and the pids of
+    its host and harness processes (for CPU accounting)."""
+
+    target: str
+    harness: str
+    host_pid: int
+    harness_pid: int
+
+
+def measure_throughput(report: Report, targets: dict[str, System], sizes: Sizes, log: TextIO) -> None:
+    """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved, with the
+    CPU each process spent per turn (the client's over its timed window, the servers' over the
+    whole client run, warmup included)."""
     for attempt in range(sizes.repeats):
         for sessions in (1, CONCURRENT):
-            for system, (target, harness) in targets.items():
-                result = client_turns(target, harness, sessions, sizes)
-                report.best(system, sessions, result["turns_per_s"])
+            for system, sut in targets.items():
+                before = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
+                result = client_turns(sut.target, sut.harness, sessions, sizes)
+                after = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
+                turns = result["turns"] + sessions * sizes.warmup
+                cpu_ms = {"client": result["cpu_s"] * 1e3 / max(result["turns"], 1)}
+                for name, b, a in zip(("host", "harness"), before, after, strict=True):
+                    if a is not None and b is not None:
+                        cpu_ms[name] = (a - b) * 1e3 / turns
+                report.best(system, sessions, result["turns_per_s"], cpu_ms)
                 report.updates_per_turn[system] = result["updates_per_turn"]
                 print(
                     f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
@@ -458,6 +492,12 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         lg = report.langgraph
         one, many = lg.get("1"), lg.get(str(CONCURRENT))
         print(f"{'LangGraph + SqliteSaver':<34}{_num(one):>12}{_num(many):>14}", file=out)
+    print(f"\nCPU ms per turn, {CONCURRENT} sessions (host / harness / client)", file=out)
+    for label, key in rows:
+        cpu = report.cpu_ms_per_turn.get(key, {}).get(str(CONCURRENT))
+        if cpu:
+            parts = " / ".join(_num(cpu.get(p), "{:.2f}") for p in ("host", "harness", "client"))
+            print(f"  {label:<36}{parts}", file=out)
     rt = report.round_trip_s
     print("\nmodel round trip (median)", file=out)
     for key, label in (
@@ -484,8 +524,8 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         print(f"  {g['goal']:<40}{value:>8}  (goal {sign} {g['target']:g})  {verdict}", file=out)
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _num(value: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -512,9 +552,14 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
         host = f.host("host", str(workdir / "journal.db"), harnesses)
         host_memory = f.host("host-memory", "memory:", harnesses)
         print("throughput", file=log, flush=True)
+        pids = f.pids
         measure_throughput(
             report,
-            {"floor": (floor, ""), "host": (host, "bench-echo"), "host-memory": (host_memory, "bench-echo")},
+            {
+                "floor": System(floor, "", pids["floor-host"], pids["floor-harness"]),
+                "host": System(host, "bench-echo", pids["host"], pids["echo-harness"]),
+                "host-memory": System(host_memory, "bench-echo", pids["host-memory"], pids["echo-harness"]),
+            },
             sizes,
             log,
         )
@@ -547,6 +592,7 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
         },
         "sizes": report.sizes.__dict__,
         "turns_per_s": report.throughput,
+        "cpu_ms_per_turn": report.cpu_ms_per_turn,
         "updates_per_turn": report.updates_per_turn,
         "model_round_trip_s": report.round_trip_s,
         "flatness": report.flatness,
