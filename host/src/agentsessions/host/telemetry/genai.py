@@ -147,21 +147,39 @@ def journal_append(uid: str, count: int) -> contextlib.AbstractContextManager[Ap
 
 @contextlib.contextmanager
 def _traced_append(uid: str, count: int) -> Iterator[AppendSpan]:
-    started = time.perf_counter()
     attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
-    outcome: dict[str, str] = {}
+    with _timed_span("journal.append", _append_duration, {}, span_attributes=attributes) as span:
+        yield AppendSpan(span)
+
+
+@contextlib.contextmanager
+def _timed_span(
+    name: str,
+    duration: metrics.Histogram,
+    measured: dict[str, str | int],
+    *,
+    span_attributes: dict[str, str | int] | None = None,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+) -> Iterator[trace.Span]:
+    """A span whose failure is marked with its error type (never its message) and whose duration
+    is recorded on ``duration`` with the ``measured`` attributes (plus the error type)."""
+    started = time.perf_counter()
     with _tracer.start_as_current_span(
-        "journal.append", attributes=attributes, record_exception=False, set_status_on_exception=False
+        name,
+        kind=kind,
+        attributes=span_attributes if span_attributes is not None else measured,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         try:
-            yield AppendSpan(span)
+            yield span
         except BaseException as exc:
-            outcome[names.ERROR_TYPE] = type(exc).__name__
+            measured[names.ERROR_TYPE] = type(exc).__name__
             span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
             span.set_status(trace.Status(trace.StatusCode.ERROR))
             raise
         finally:
-            _append_duration.record(time.perf_counter() - started, outcome)
+            duration.record(time.perf_counter() - started, measured)
 
 
 class TracedModel:
@@ -178,29 +196,15 @@ class TracedModel:
         if not switch.enabled():
             return await self._provider.complete(call, on_delta)
         model = call.model or self._default_model
-        attributes: dict[str, str] = {
+        attributes: dict[str, str | int] = {
             names.GEN_AI_OPERATION_NAME: names.CHAT,
             names.GEN_AI_PROVIDER_NAME: self._provider_name,
         }
         if model:
             attributes[names.GEN_AI_REQUEST_MODEL] = model
-        started = time.perf_counter()
-        with _tracer.start_as_current_span(
-            f"{names.CHAT} {model}".strip(),
-            kind=trace.SpanKind.CLIENT,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                result = await self._provider.complete(call, on_delta)
-            except BaseException as exc:
-                attributes[names.ERROR_TYPE] = type(exc).__name__
-                span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-                span.set_status(trace.Status(trace.StatusCode.ERROR))
-                raise
-            finally:
-                _operation_duration.record(time.perf_counter() - started, attributes)
+        name = f"{names.CHAT} {model}".strip()
+        with _timed_span(name, _operation_duration, attributes, kind=trace.SpanKind.CLIENT) as span:
+            result = await self._provider.complete(call, on_delta)
             if result.HasField("usage"):
                 usage = result.usage
                 span.set_attribute(names.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
@@ -223,22 +227,13 @@ class TracedTools:
     async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         if not switch.enabled():
             return await self._tools.execute(session_uid, call)
-        attributes = {names.GEN_AI_OPERATION_NAME: names.EXECUTE_TOOL, names.GEN_AI_TOOL_NAME: call.tool}
-        started = time.perf_counter()
-        with _tracer.start_as_current_span(
-            f"{names.EXECUTE_TOOL} {call.tool}",
-            attributes={**attributes, names.GEN_AI_TOOL_CALL_ID: call.id, names.SESSION: session_uid},
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                result = await self._tools.execute(session_uid, call)
-            except BaseException as exc:
-                attributes[names.ERROR_TYPE] = type(exc).__name__
-                span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-                span.set_status(trace.Status(trace.StatusCode.ERROR))
-                raise
-            finally:
-                _operation_duration.record(time.perf_counter() - started, attributes)
+        attributes: dict[str, str | int] = {
+            names.GEN_AI_OPERATION_NAME: names.EXECUTE_TOOL,
+            names.GEN_AI_TOOL_NAME: call.tool,
+        }
+        spanned = {**attributes, names.GEN_AI_TOOL_CALL_ID: call.id, names.SESSION: session_uid}
+        name = f"{names.EXECUTE_TOOL} {call.tool}"
+        with _timed_span(name, _operation_duration, attributes, span_attributes=spanned) as span:
+            result = await self._tools.execute(session_uid, call)
             span.set_attribute(names.TOOL_IS_ERROR, result.is_error)
             return result
