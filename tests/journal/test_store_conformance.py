@@ -178,6 +178,22 @@ async def test_fence_minted_only_at_the_expected_head(store: JournalStore) -> No
     assert await store.new_fence("s") == 3
 
 
+async def test_an_append_can_mint_its_fence(store: JournalStore) -> None:
+    await new_session(store, "s")
+    assert await store.new_fence("s") == 1
+    first = await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0, mint_fence=True)
+    assert [r.fence for r in first] == [2, 2]
+    assert [r.fence for r in await store.read("s")] == [2, 2]
+    with pytest.raises(FencedError):  # the minted fence superseded fence 1
+        await store.append("s", [inp("old")], expected_head=2, fence=1)
+    with pytest.raises(ConflictError):  # a stale head mints nothing
+        await store.append("s", [inp("late")], expected_head=0, fence=0, mint_fence=True)
+    await store.append("s", [inp("c")], expected_head=2, fence=2)
+    assert await store.new_fence("s") == 3
+    empty = await store.append("s", [], expected_head=3, fence=0, mint_fence=True)
+    assert empty == [] and await store.new_fence("s") == 5
+
+
 async def test_fences_are_per_session(store: JournalStore) -> None:
     await new_session(store, "a")
     await new_session(store, "b")

@@ -352,12 +352,20 @@ class Controller:
     # -- appends ----------------------------------------------------------------------------
 
     async def _append(
-        self, uid: str, events: Sequence[common_pb2.Event], expected_head: int, fence: int
+        self,
+        uid: str,
+        events: Sequence[common_pb2.Event],
+        expected_head: int,
+        fence: int,
+        *,
+        mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         normalized = [canon.normalize_event(e) for e in events]
         try:
             with journal_append(uid, len(normalized)) as span:
-                records = await self.store.append(uid, normalized, expected_head=expected_head, fence=fence)
+                records = await self.store.append(
+                    uid, normalized, expected_head=expected_head, fence=fence, mint_fence=mint_fence
+                )
                 span.wrote(records)
         except ConflictError as exc:
             raise ConcurrencyError(f"session {uid}: {exc}") from exc
@@ -469,7 +477,6 @@ class Controller:
         events = turn.events
         expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
         history = list(events)
-        fence = await self._mint(row.uid, expected)
         execution_id = self.new_id()
         start_event = common_pb2.Event(
             execution_id=execution_id,
@@ -485,7 +492,10 @@ class Controller:
         inputs = [
             common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs
         ]
-        records = await self._append(row.uid, [start_event, *inputs], expected, fence)
+        # The incarnation's fence is minted by its first append, in the same transaction: one
+        # durable commit, and only the writer that wins the head supersedes the one before it.
+        records = await self._append(row.uid, [start_event, *inputs], expected, 0, mint_fence=True)
+        fence = records[0].fence
         for rec in records:
             await obs.record(rec)
         start = Start(
@@ -933,7 +943,6 @@ class Controller:
                 raise FailedPreconditionError(
                     f"approval request {request_seq} {expired.reason}: the host denied it at seq {rec.seq}"
                 )
-            fence = await self._mint(uid, len(events))
             ts = timestamp_pb2.Timestamp()
             ts.GetCurrentTime()
             event = common_pb2.Event(
@@ -945,7 +954,7 @@ class Controller:
                 ),
                 actor=actor,
             )
-            (rec,) = await self._append(uid, [event], len(events), fence)
+            (rec,) = await self._append(uid, [event], len(events), 0, mint_fence=True)
             return await self.view(uid), rec
 
     async def cancel(self, uid: str, execution_id: str, reason: str) -> SessionView:

@@ -194,6 +194,7 @@ class MemoryStore:
         *,
         expected_head: int,
         fence: int,
+        mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         self._check_open("append")
         normalized = [normalize_event(ev) for ev in events]
@@ -204,7 +205,10 @@ class MemoryStore:
             raise ConflictError(
                 f"expected_last_seq {expected_head} does not match head {head} of session {uid}"
             )
-        if fence < session.fence:
+        if mint_fence:
+            fence = session.fence + 1
+            session.fence = fence
+        elif fence < session.fence:
             raise FencedError(f"fence {fence} is superseded by fence {session.fence} of session {uid}")
         prev = records[-1].hash if records else ""
         out: list[common_pb2.LogRecord] = []

@@ -240,6 +240,7 @@ class _PendingAppend:
     expected_head: int
     fence: int
     future: asyncio.Future[list[common_pb2.LogRecord]]
+    mint: bool = False
 
 
 @dataclass
@@ -282,9 +283,10 @@ _APPEND_ROWS: Final = """
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bytea[])
     )
     UPDATE sessions AS s
-    SET last_seq = u.last_seq, last_hash = u.last_hash, compute_state = u.compute_state, updated_at = $11
-    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[])
-        AS u(uid, last_seq, last_hash, compute_state)
+    SET last_seq = u.last_seq, last_hash = u.last_hash, compute_state = u.compute_state, updated_at = $11,
+        fence = GREATEST(s.fence, u.fence)
+    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $12::bigint[])
+        AS u(uid, last_seq, last_hash, compute_state, fence)
     WHERE s.uid = u.uid
 """
 
@@ -531,6 +533,7 @@ class PostgresStore:
         *,
         expected_head: int,
         fence: int,
+        mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         if self._closed:
             raise StoreError("append: store is closed")
@@ -544,6 +547,7 @@ class PostgresStore:
             expected_head=expected_head,
             fence=fence,
             future=asyncio.get_running_loop().create_future(),
+            mint=mint_fence,
         )
         self._queue.append(pending)
         self._schedule_flush()
@@ -638,7 +642,11 @@ class PostgresStore:
                         )
                     )
                     continue
-                if pending.fence < state.fence:
+                fence = pending.fence
+                if pending.mint:
+                    fence = state.fence + 1
+                    state.fence, state.dirty = fence, True
+                elif fence < state.fence:
                     outcomes.append(
                         FencedError(
                             f"fence {pending.fence} is superseded by fence {state.fence} "
@@ -656,7 +664,7 @@ class PostgresStore:
                         seq=seq,
                         prev_hash=state.last_hash,
                         content_hash=digest,
-                        fence=pending.fence,
+                        fence=fence,
                     )
                     record.event.CopyFrom(event)
                     rows.add(pending.uid, record, payload)
@@ -666,7 +674,7 @@ class PostgresStore:
                     state.compute_state = project_compute_state(state.compute_state, event)
                     state.dirty = True
                 outcomes.append(records)
-            if rows.rows_seq:
+            if any(s.dirty for s in states.values()):
                 touched = [(u, s) for u, s in states.items() if s.dirty]
                 # One round trip writes the records and moves the heads.
                 await conn.execute(
@@ -682,6 +690,7 @@ class PostgresStore:
                     [s.last_hash for _, s in touched],
                     [s.compute_state for _, s in touched],
                     now,
+                    [s.fence for _, s in touched],
                 )
         return outcomes
 

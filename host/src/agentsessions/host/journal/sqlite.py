@@ -142,7 +142,8 @@ _INSERT_EVENT: Final = (
     "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _UPDATE_HEAD: Final = (
-    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ? WHERE session = ?"
+    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ?, "
+    "fence = MAX(fence, ?) WHERE session = ?"
 )
 
 _T = TypeVar("_T")
@@ -237,7 +238,8 @@ class _Append:
     canonical: list[bytes]
     expected_head: int
     fence: int
-    future: asyncio.Future[list[tuple[int, str, str]]]
+    future: asyncio.Future[tuple[list[tuple[int, str, str]], int]]
+    mint: bool = False
 
 
 @dataclass(eq=False)
@@ -494,7 +496,7 @@ class SqliteStore:
     ) -> None:
         heads = await _on_thread(self._w, _heads, {a.uid for a in run})
         rows, updates = _chain(run, heads, outcomes)
-        if rows:
+        if rows or updates:
             await _on_thread(self._w, _write_rows, rows, updates, False)
 
     # -- session rows ------------------------------------------------------------------------
@@ -607,6 +609,7 @@ class SqliteStore:
         *,
         expected_head: int,
         fence: int,
+        mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         normalized = [normalize_event(ev) for ev in events]
         pending = _Append(
@@ -617,9 +620,10 @@ class SqliteStore:
             expected_head=expected_head,
             fence=fence,
             future=asyncio.get_running_loop().create_future(),
+            mint=mint_fence,
         )
         self._enqueue(pending, "append")
-        chained = await pending.future
+        chained, fence = await pending.future
         return [
             common_pb2.LogRecord(seq=seq, prev_hash=prev, content_hash=digest, fence=fence, event=ev)
             for (seq, prev, digest), ev in zip(chained, normalized, strict=True)
@@ -886,7 +890,7 @@ def _chain(
     run: list[_Append],
     heads: dict[str, _Head],
     outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-) -> tuple[list[tuple[str, int, str, str, int, bytes]], list[tuple[str, int, int, str, str]]]:
+) -> tuple[list[tuple[str, int, str, str, int, bytes]], list[tuple[str, int, int, str, int, str]]]:
     """Check each append against its session's head and fence and chain its events (on the event
     loop's thread: hashing is Python work); the rows to insert and the session heads to update."""
     rows: list[tuple[str, int, str, str, int, bytes]] = []
@@ -907,7 +911,11 @@ def _chain(
                 )
             )
             continue
-        if ap.fence < head.fence:
+        fence = ap.fence
+        if ap.mint:
+            fence = head.fence + 1
+            head.fence, head.touched = fence, True
+        elif fence < head.fence:
             outcomes.append(
                 (
                     ap.future,
@@ -921,15 +929,15 @@ def _chain(
         for ev, blob, canonical in zip(ap.events, ap.blobs, ap.canonical, strict=True):
             seq += 1
             digest = chain_hash(canonical, prev, seq)
-            rows.append((ap.uid, seq, prev, digest, ap.fence, blob))
+            rows.append((ap.uid, seq, prev, digest, fence, blob))
             chained.append((seq, prev, digest))
             state = project_compute_state(state, ev)
             prev = digest
         if chained:
             head.seq, head.hash, head.compute_state, head.touched = seq, prev, state, True
-        outcomes.append((ap.future, chained, None))
+        outcomes.append((ap.future, (chained, fence), None))
     now = time.time_ns()
-    updates = [(h.compute_state, now, h.seq, h.hash, uid) for uid, h in heads.items() if h.touched]
+    updates = [(h.compute_state, now, h.seq, h.hash, h.fence, uid) for uid, h in heads.items() if h.touched]
     return rows, updates
 
 
@@ -972,7 +980,7 @@ def _begin_with_heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, 
 def _write_rows(
     db: sqlite3.Connection,
     rows: list[tuple[str, int, str, str, int, bytes]],
-    updates: list[tuple[str, int, int, str, str]],
+    updates: list[tuple[str, int, int, str, int, str]],
     commit: bool,
 ) -> None:
     """On the connection's thread, in the open transaction: insert the records, move the heads,

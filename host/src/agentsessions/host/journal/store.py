@@ -125,11 +125,15 @@ class JournalStore(Protocol):
         *,
         expected_head: int,
         fence: int,
+        mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         """Append events after ``expected_head`` atomically, hashing each onto the chain.
 
         Raises ConflictError when the head moved, FencedError when ``fence`` is below the
-        session's fence. Returns only once the records are durable."""
+        session's fence. With ``mint_fence`` the append also mints the session's next fence in
+        the same transaction (``fence`` is ignored) and stamps the records with it: one durable
+        commit instead of a mint and an append, and only a writer that wins the head mints.
+        Returns only once the records are durable."""
         ...
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
