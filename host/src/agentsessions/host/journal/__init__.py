@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 from typing import Any, Final
 
 from agentsessions.host.journal.store import (
@@ -49,8 +50,10 @@ __all__ = [
     "clamp_page_size",
     "decode_page_token",
     "encode_page_token",
+    "imported_chain_state",
     "open_store",
     "project_compute_state",
+    "require_distinct_uids",
 ]
 
 DEFAULT_PAGE_SIZE: Final = 50
@@ -137,3 +140,24 @@ def project_compute_state(current: str, event: common_pb2.Event) -> str:
     if kind == common_pb2.EVENT_APPROVAL_REQUEST or kind == common_pb2.EVENT_APPROVAL_RESULT:
         return current
     return COMPUTE_LIVE
+
+
+def require_distinct_uids(children: Sequence[SessionRow]) -> None:
+    """A fork's children must not share a uid (all or nothing: checked before anything is written)."""
+    uids = [c.uid for c in children]
+    if len(set(uids)) != len(uids):
+        raise SessionExistsError("fork children must have distinct uids")
+
+
+def imported_chain_state(uid: str, records: Sequence[common_pb2.LogRecord]) -> tuple[str, int]:
+    """Check that records to import form one chain from seq 1 (hashes are taken as stored) and
+    return the session's compute_state projection and highest fence after them."""
+    prev = ""
+    for i, rec in enumerate(records, start=1):
+        if rec.seq != i or rec.prev_hash != prev:
+            raise TamperedError(uid, rec.seq, "records to import do not form a chain from seq 1")
+        prev = rec.content_hash
+    state = COMPUTE_NONE
+    for rec in records:
+        state = project_compute_state(state, rec.event)
+    return state, max((r.fence for r in records), default=0)

@@ -16,7 +16,9 @@ from agentsessions.host.journal import (
     clamp_page_size,
     decode_page_token,
     encode_page_token,
+    imported_chain_state,
     project_compute_state,
+    require_distinct_uids,
 )
 from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
 from agentsessions.host.journal.store import (
@@ -281,9 +283,8 @@ class MemoryStore:
         records = self._records(parent_uid)
         if at_seq < 0 or at_seq > len(records):
             raise ConflictError(f"fork at_seq {at_seq} is beyond head {len(records)} of session {parent_uid}")
+        require_distinct_uids(children)
         uids = [c.uid for c in children]
-        if len(set(uids)) != len(uids):
-            raise SessionExistsError("fork children must have distinct uids")
         for uid in uids:
             if uid in self._sessions:
                 raise SessionExistsError(f"session {uid} already exists")
@@ -324,25 +325,18 @@ class MemoryStore:
 
         The records must run from seq 1 and link; their hashes are not recomputed (``verify`` does)."""
         self._check_open("import")
-        prev = ""
-        for i, rec in enumerate(records, start=1):
-            if rec.seq != i or rec.prev_hash != prev:
-                raise TamperedError(row.uid, rec.seq, "records to import do not form a chain from seq 1")
-            prev = rec.content_hash
+        state, fence = imported_chain_state(row.uid, records)
         if row.uid in self._sessions:
             raise SessionExistsError(f"session {row.uid} already exists")
-        state = COMPUTE_NONE
-        for rec in records:
-            state = project_compute_state(state, rec.event)
         now = time.time_ns()
         stored = dataclasses.replace(row, create_time_ns=row.create_time_ns or now, update_time_ns=now)
         self._sessions[row.uid] = _Session(
             row=_own_row(stored),
-            fence=max((r.fence for r in records), default=0),
+            fence=fence,
             compute_state=state,
             update_time_ns=now,
             last_seq=len(records),
-            last_hash=prev,
+            last_hash=records[-1].content_hash if records else "",
         )
         self._journals[row.uid] = [
             _Record(r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString()) for r in records

@@ -29,7 +29,9 @@ from agentsessions.host.journal import (
     clamp_page_size,
     decode_page_token,
     encode_page_token,
+    imported_chain_state,
     project_compute_state,
+    require_distinct_uids,
 )
 from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
 from agentsessions.host.journal.store import (
@@ -748,9 +750,8 @@ class PostgresStore:
     ) -> list[SessionRow]:
         if not children:
             return []
+        require_distinct_uids(children)
         uids = [c.uid for c in children]
-        if len(set(uids)) != len(uids):
-            raise SessionExistsError("fork children must have distinct uids")
         now = _now_ns()
         marker = normalize_event(marker)
         marker_payload = marker.SerializeToString(deterministic=True)
@@ -902,17 +903,9 @@ class PostgresStore:
         """Create ``row`` holding ``records`` verbatim (stored hashes and fences), atomically.
 
         The caller verifies the chain first; this only checks that seqs run 1..n and link."""
-        prev = ""
-        for i, rec in enumerate(records, start=1):
-            if rec.seq != i or rec.prev_hash != prev:
-                raise TamperedError(row.uid, rec.seq, "records to import do not form a chain from seq 1")
-            prev = rec.content_hash
-        state = COMPUTE_NONE
-        for rec in records:
-            state = project_compute_state(state, rec.event)
+        state, max_fence = imported_chain_state(row.uid, records)
         now = _now_ns()
         created = row.create_time_ns or now
-        max_fence = max((r.fence for r in records), default=0)
         async with self._conn("import") as conn, conn.transaction():
             try:
                 await conn.execute(
@@ -928,7 +921,7 @@ class PostgresStore:
                     now,
                     state,
                     len(records),
-                    prev,
+                    records[-1].content_hash if records else "",
                     max_fence,
                 )
             except asyncpg.UniqueViolationError:

@@ -30,7 +30,9 @@ from agentsessions.host.journal import (
     clamp_page_size,
     decode_page_token,
     encode_page_token,
+    imported_chain_state,
     project_compute_state,
+    require_distinct_uids,
 )
 from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
 from agentsessions.host.journal.store import (
@@ -701,9 +703,8 @@ class SqliteStore:
     ) -> list[SessionRow]:
         if not children:
             return []
+        require_distinct_uids(children)
         uids = [c.uid for c in children]
-        if len(set(uids)) != len(uids):
-            raise SessionExistsError("fork children must have distinct uids")
         marker = normalize_event(marker)
         marker_blob = marker.SerializeToString()
         marker_json = canonical_event(marker)
@@ -778,14 +779,7 @@ class SqliteStore:
         """Create ``row`` holding ``records`` verbatim (stored hashes and fences), atomically.
 
         The records must run from seq 1 and link; their hashes are not recomputed (``verify`` does)."""
-        prev = ""
-        for i, rec in enumerate(records, start=1):
-            if rec.seq != i or rec.prev_hash != prev:
-                raise TamperedError(row.uid, rec.seq, "records to import do not form a chain from seq 1")
-            prev = rec.content_hash
-        state = COMPUTE_NONE
-        for rec in records:
-            state = project_compute_state(state, rec.event)
+        state, fence = imported_chain_state(row.uid, records)
         now = time.time_ns()
         stored = dataclasses.replace(
             row,
@@ -794,7 +788,6 @@ class SqliteStore:
             compute_state=state,
             last_seq=len(records),
         )
-        fence = max((r.fence for r in records), default=0)
         rows = [
             (row.uid, r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString())
             for r in records
@@ -812,7 +805,7 @@ class SqliteStore:
                     state=state,
                     fence=fence,
                     last_seq=len(records),
-                    last_hash=prev,
+                    last_hash=records[-1].content_hash if records else "",
                 ),
             )
             await db.executemany(_INSERT_EVENT, rows)
