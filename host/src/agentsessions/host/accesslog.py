@@ -138,11 +138,16 @@ class _Call:
         context.set_trailing_metadata(((requestid.HEADER, request_id),))
 
     def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, GeneratorExit | asyncio.CancelledError):
-            # Cancelled, or the stream closed from outside (the client went away, its deadline
-            # passed, or the server stopped). The call may already be released, so the context
-            # is not consulted: the deadline noted at the start tells which it was.
-            expired = self.deadline is not None and time.monotonic() >= self.deadline
+        if isinstance(exc, asyncio.CancelledError):
+            # The handler was cancelled while its call is live: the call knows whether its deadline passed.
+            remaining = self.context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        elif isinstance(exc, GeneratorExit):
+            # The stream was closed from outside (client gone, deadline passed, server stopped) and
+            # the call may already be released: the context is not touched; the deadline noted at
+            # the start (with slack for the two clocks) tells which it was.
+            expired = self.deadline is not None and time.monotonic() >= self.deadline - _CLOCK_SLACK_S
             self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
         elif not isinstance(exc, aio.AbortError):
             # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.
@@ -164,4 +169,5 @@ class _Call:
         log.log(level, "rpc", extra=logs.fields(**values))
 
 
+_CLOCK_SLACK_S = 0.05
 _SERVER_FAULTS = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS})
