@@ -11,11 +11,8 @@ GEN_DIR := sdk/src
 .PHONY: run demo test lint proto proto-check bench setup node-client clean
 
 $(STAMP): requirements-dev.txt sdk/pyproject.toml host/pyproject.toml harnesses/pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -r requirements-dev.txt
-	$(PY) -m pip install -q -e ./sdk -e ./harnesses -e ./host
-	touch $(STAMP)
+	@scripts/setup-venv.sh $(PYTHON) $(VENV)
+	@touch $(STAMP)
 
 # The Node.js client (clients/node) is installed from its lockfile only where node and npm are on
 # PATH, so a machine without Node still sets up; `make node-client` installs it explicitly.
@@ -24,8 +21,10 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 HAVE_NODE := $(shell command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && echo yes)
 
 $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
-	npm ci --prefix $(NODE_DIR) --no-audit --no-fund
-	touch $(NODE_STAMP)
+	@echo "installing the Node.js client ($(NODE_DIR))..."
+	@npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error >$(NODE_DIR)/.npm-install.log 2>&1 \
+	  || { cat $(NODE_DIR)/.npm-install.log >&2; exit 1; }
+	@touch $(NODE_STAMP)
 
 node-client: $(NODE_STAMP)
 
@@ -39,8 +38,9 @@ run: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m agentsessions.host.demo $(DEMO_ARGS)
 
-test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+# Everything the tests use is installed first, the Node.js client included where node and npm exist.
+test: setup
+	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	rm -f $(GEN_DIR)/agentsessions/v1/*_pb2*.py $(GEN_DIR)/agentsessions/v1/*_pb2*.pyi
@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/buf lint
-	$(PY) ../shared/tools/check_wire.py --proto-root proto
+	$(VENV)/bin/buf breaking --against contract/agentsessions-v1.binpb
 
 # The LangGraph comparison needs bench/requirements.txt; without it that one comparison is skipped.
 bench: $(STAMP)

@@ -15,9 +15,18 @@ from typing import Any
 
 import pytest
 from grpc import aio
+from hypothesis import HealthCheck, settings
 
 from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
+
+# Property tests assert behaviour, never speed: no per-example deadline and no "too slow" health
+# check (both trip on a loaded machine), and no example database, so a run depends on nothing a
+# previous run left behind.
+settings.register_profile(
+    "agentsessions", deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+)
+settings.load_profile("agentsessions")
 
 
 @pytest.fixture

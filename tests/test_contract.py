@@ -1,20 +1,21 @@
-"""The contract files: buf lint, wire compatibility with agentsessions.v1, and no drift between the
-protos and the committed generated code.
+"""The contract files: buf lint, wire compatibility with the committed agentsessions.v1 baseline
+(contract/), and no drift between the protos and the committed generated code.
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GENERATED = ROOT / "sdk" / "src" / "agentsessions" / "v1"
-CHECK_WIRE = ROOT.parent / "shared" / "tools" / "check_wire.py"
+BASELINE = ROOT / "contract" / "agentsessions-v1.binpb"
 TIMEOUT = 300
 
 
@@ -25,20 +26,53 @@ def test_buf_lint_passes() -> None:
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
-def test_protos_carry_the_wire_contract() -> None:
-    if not CHECK_WIRE.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHECK_WIRE} is missing")
-        pytest.skip(f"{CHECK_WIRE} is not beside this checkout")
-    checked = subprocess.run(
-        [sys.executable, str(CHECK_WIRE), "--proto-root", "proto"],
-        cwd=ROOT,
+def buf_breaking(workspace: Path) -> subprocess.CompletedProcess[str]:
+    """``buf breaking`` of the buf workspace at ``workspace`` against the committed v1 baseline image."""
+    return subprocess.run(
+        [str(BIN / "buf"), "breaking", "--against", str(BASELINE)],
+        cwd=workspace,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
     )
+
+
+def test_protos_carry_the_wire_contract() -> None:
+    """Nothing in proto/ breaks the v1 wire baseline (numbers, types, JSON names, enum values, RPCs)."""
+    checked = buf_breaking(ROOT)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "wire contract: 0 incompatibilities" in checked.stdout
+
+
+def test_the_baseline_covers_every_v1_file() -> None:
+    image = descriptor_pb2.FileDescriptorSet()
+    image.ParseFromString(BASELINE.read_bytes())
+    in_image = {f.name for f in image.file if f.name.startswith("agentsessions/v1/")}
+    on_disk = {
+        str(path.relative_to(ROOT / "proto"))
+        for path in (ROOT / "proto" / "agentsessions" / "v1").glob("*.proto")
+    }
+    assert in_image == on_disk
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("int64 resume_from_seq = 3;", "int64 resume_from_seq = 30;"), "resume_from_seq"),
+        (("int64 resume_from_seq = 3;", "int32 resume_from_seq = 3;"), "resume_from_seq"),
+    ],
+    ids=["renumbered field", "retyped field"],
+)
+def test_a_wire_break_is_caught(tmp_path: Path, edit: tuple[str, str], expected: str) -> None:
+    """The check can fail: the same protos with one field of session.proto changed are refused."""
+    shutil.copytree(ROOT / "proto", tmp_path / "proto")
+    shutil.copy(ROOT / "buf.yaml", tmp_path / "buf.yaml")
+    session = tmp_path / "proto" / "agentsessions" / "v1" / "session.proto"
+    text = session.read_text()
+    assert edit[0] in text
+    session.write_text(text.replace(edit[0], edit[1], 1))
+    checked = buf_breaking(tmp_path)
+    assert checked.returncode != 0
+    assert expected in checked.stdout + checked.stderr
 
 
 def generated_files(directory: Path) -> dict[str, bytes]:

@@ -26,9 +26,10 @@ from tests.durability.commands import Command
 from tests.durability.harnesses import StartRecorder, served
 from tests.durability.models import CountingModel
 from tests.durability.wire import K, append_raw, chain, journal_at, kinds, new_session, records, say, text_of
+from tests.fixtures import GO_JOURNALS
 from tests.support.host import HostUnderTest, running_host, text_input
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "agentsessions-v0.1.2"
+FIXTURES = GO_JOURNALS
 # The model-input hash (I0) of the echo harness's request for "hello", as the Go writer recorded it.
 HELLO_INPUT_HASH = "2611c24a1a665deca46265ed96d1e1efc699260c9cba9c07f22cda7939232c30"
 
@@ -248,5 +249,5 @@ async def test_the_replay_command_on_a_go_journal(tmp_path: Path, command: Comma
     uid = imported.out.split("into session ")[1].split()[0]
     run = await command("replay", "--journal", db, "--session", uid)
     assert run.code == 0, run.err
-    assert "2 executions, 2 outputs, 0 model calls; 9 records verified, nothing written" in run.out
+    assert "2 executions, 2 outputs; 2 model calls served from the journal, 0 sent to the provider; 9 records verified" in run.out
     assert 'output 1: "echo:hello"' in run.out and 'output 2: "echo:new"' in run.out

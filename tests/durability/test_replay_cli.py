@@ -41,8 +41,8 @@ async def test_a_session_the_host_wrote_replays(tmp_path: Path, command: Command
     run = await command("replay", "--journal", db, "--session", uid)
     assert run.code == 0, run.err
     assert run.out.splitlines() == [
-        f"ok: session {uid} replays: 2 executions, 2 outputs, 0 model calls; "
-        "10 records verified, nothing written",
+        f"ok: session {uid} replays: 2 executions, 2 outputs; 2 model calls served from the journal, "
+        "0 sent to the provider; 10 records verified, nothing written",
         '  output 1: "echo:hi"',
         '  output 2: "echo:there"',
     ]

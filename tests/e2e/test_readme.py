@@ -1,8 +1,10 @@
-"""The README's Sessions quickstart block runs as written against a live host."""
+"""The README's blocks run as written: the grpcurl quickstart, the Python client, the harness."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import BIN
+from agentsessions.client import SessionsClient
+from agentsessions.v1 import common_pb2
+from tests.support.host_process import HostProcess
+from tests.support.processes import BIN, harness_process
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +67,59 @@ def test_quickstart_runs_against_a_live_host(host: str) -> None:
     assert out.count('"kind": "EVENT_END"') >= 4  # two Exec streams + Replay of both turns
     assert '"name": "left"' in out and '"name": "right"' in out
     assert '"computeState": "COMPUTE_COLD"' in out or '"compute_state": "COMPUTE_COLD"' in out
+
+
+def readme_block(name: str, language: str) -> str:
+    """The fenced block between ``<!-- NAME:begin ... -->`` and ``<!-- NAME:end -->``."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(
+        rf"<!-- {name}:begin.*?-->\s*```{language}\n(.*?)```\s*<!-- {name}:end -->", readme, re.S
+    )
+    assert block, f"README lost its {name} block"
+    return block.group(1)
+
+
+def test_the_python_client_block_runs_as_written(host: str, tmp_path: Path) -> None:
+    script = readme_block("client", "python").replace("127.0.0.1:50051", host)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "1 EVENT_EXECUTION_START ",
+        "2 EVENT_INPUT hi",
+        "3 EVENT_MODEL_CALL ",
+        "4 EVENT_OUTPUT echo:hi",
+        "5 EVENT_END ",
+    ]
+
+
+def serve_command() -> list[str]:
+    """The README's ``agentsessions-harness serve ...`` command for ``my_echo.py``, on a free port."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"Serve it with `(agentsessions-harness serve [^`]+)`", readme)
+    assert found, "README lost its harness serve command"
+    argv = shlex.split(found.group(1).replace("127.0.0.1:50061", "127.0.0.1:0"))
+    return [str(BIN / argv[0]), *argv[1:]]
+
+
+async def test_the_harness_block_serves_as_written_from_its_folder(tmp_path: Path) -> None:
+    """``my_echo.py`` from the README, served by the README's command run in the file's own folder."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "my_echo.py").write_text(readme_block("harness", "python"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    async with harness_process(serve_command(), cwd=folder, env=env) as harness:
+        host = HostProcess(tmp_path / "j.db", tmp_path, ["--harness", f"mine={harness.address}"])
+        await host.start()
+        try:
+            async with SessionsClient.connect(host.address) as client:
+                session = await client.create_session(harness="mine")
+                records = [
+                    update.record
+                    async for update in client.exec(session.metadata.uid, "hi")
+                    if update.WhichOneof("update") == "record"
+                ]
+        finally:
+            await host.close()
+    kinds = [common_pb2.EventKind.Name(record.event.kind) for record in records]
+    assert kinds == ["EVENT_EXECUTION_START", "EVENT_INPUT", "EVENT_MODEL_CALL", "EVENT_OUTPUT", "EVENT_END"]
+    assert records[3].event.message.parts[0].text.text == "echo:hi"

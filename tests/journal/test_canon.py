@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 import rfc8785
 from google.protobuf import json_format, struct_pb2
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentsessions.host.journal import canon, gojson
 from agentsessions.v1 import common_pb2, harness_registry_pb2
+from tests.fixtures import GO_JOURNALS
 
-FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures" / "agentsessions-v0.1.2"
+FIXTURES = GO_JOURNALS
 FIXTURE_FILES = sorted(FIXTURES.glob("*.json"))
 
 INT64_MIN = -(2**63)
@@ -267,7 +268,7 @@ def _struct(value: dict[str, Any]) -> struct_pb2.Struct:
     return out
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(st.dictionaries(_keys, _json, max_size=6))
 @example({"\uffff": 1, "\U00010000": 2, "\ue000": 3, "a": [1.5, None, True, "x\n\u2028"]})
 def test_struct_matches_reference(value: dict[str, Any]) -> None:
@@ -380,14 +381,14 @@ def _events(draw: st.DrawFn) -> common_pb2.Event:
     return ev
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(_events(), _text, st.integers(1, INT64_MAX))
 def test_event_hash_matches_reference(ev: common_pb2.Event, prev: str, seq: int) -> None:
     assert canon.canonical_event(ev) == canon.reference_canonical_json(ev)
     assert canon.content_hash(ev, prev, seq) == canon.reference_content_hash(ev, prev, seq)
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(_events())
 def test_hash_survives_the_storage_round_trip(ev: common_pb2.Event) -> None:
     stored = common_pb2.Event.FromString(canon.normalize_event(ev).SerializeToString())

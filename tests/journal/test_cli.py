@@ -20,12 +20,13 @@ from agentsessions.host.journal.postgres import PostgresStore
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2
+from tests.fixtures import GO_JOURNALS
 from tests.journal.pg import pg_server, pg_url
 
 __all__ = ["pg_server", "pg_url"]
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "agentsessions"
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "agentsessions-v0.1.2"
+FIXTURES = GO_JOURNALS
 RUN_TIMEOUT_S = 120.0
 
 

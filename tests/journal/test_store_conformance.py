@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,11 +26,12 @@ from agentsessions.host.journal import (
     gojson,
 )
 from agentsessions.v1 import common_pb2, harness_registry_pb2
+from tests.fixtures import GO_JOURNALS
 
 if TYPE_CHECKING:
     from tests.journal.conftest import StoreFactory
 
-FIXTURES = Path(__file__).parents[2].parent / "shared" / "fixtures" / "agentsessions-v0.1.2"
+FIXTURES = GO_JOURNALS
 L = common_pb2.Lifecycle
 
 

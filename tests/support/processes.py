@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -22,10 +22,12 @@ class HarnessProcess:
 
 
 @contextlib.asynccontextmanager
-async def harness_process(argv: Sequence[str], cwd: Path | None = None) -> AsyncIterator[HarnessProcess]:
+async def harness_process(
+    argv: Sequence[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> AsyncIterator[HarnessProcess]:
     """Start a harness process, wait for its ``listening on ADDRESS`` line, kill it on exit."""
     process = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     try:
         assert process.stdout is not None

@@ -176,7 +176,8 @@ async def _story(host: CodingHost, client: SessionsClient, workspace: Path, targ
     identical = after == records and await _file(target) == (content, stamp)
     new_calls = len(host.model.calls) - asked + report.model_calls
     print(
-        f"  controller replay: {report.executions} execution, {new_calls} model calls, "
+        f"  controller replay: {report.executions} execution, {report.served_model_calls} model calls "
+        f"served from the journal, {new_calls} sent to the model, "
         f"hello.py untouched, journal {'byte-identical' if identical else 'CHANGED'}"
     )
     return 0 if identical and new_calls == 0 else 1

@@ -118,8 +118,9 @@ async def _replay(config: HostConfig, uid: str) -> int:
 
 def _print_report(uid: str, verified: int, report: ReplayReport) -> None:
     print(
-        f"ok: session {uid} replays: {report.executions} executions, {len(report.outputs)} outputs, "
-        f"{report.model_calls} model calls; {verified} records verified, nothing written"
+        f"ok: session {uid} replays: {report.executions} executions, {len(report.outputs)} outputs; "
+        f"{report.served_model_calls} model calls served from the journal, {report.model_calls} sent to "
+        f"the provider; {verified} records verified, nothing written"
     )
     for i, text in enumerate(report.outputs, start=1):
         print(f"  output {i}: {json.dumps(text, ensure_ascii=False)}")

@@ -3,7 +3,9 @@
     agentsessions-harness serve my_package.agent:MyHarness --listen 127.0.0.1:50061
 
 The target is ``module:attribute``; a class or zero-argument factory is called, an object with
-``describe`` and ``run`` is served as is. Once bound, one line ``listening on ADDRESS`` goes to
+``describe`` and ``run`` is served as is. The module is imported with ``--app-dir`` (default: the
+current directory) first on the import path, so ``my_echo:MyEcho`` works from the folder holding
+``my_echo.py``, as with uvicorn. Once bound, one line ``listening on ADDRESS`` goes to
 stdout (so ``--listen 127.0.0.1:0`` reports the port it picked). ``--tls-cert``/``--tls-key`` serve
 TLS; ``--tls-client-ca`` also requires client certificates from that CA (mutual TLS).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -104,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve one harness over Harness.Connect")
     serve.add_argument("target", help="module:attribute naming the harness class, factory or object")
+    serve.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="put DIR first on the import path before importing the target (default: the current directory)",
+    )
     _add_listen(serve)
     return parser
 
@@ -112,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     tls = _tls(parser, args)
+    app_dir = os.path.abspath(args.app_dir)
+    if app_dir not in sys.path:
+        sys.path.insert(0, app_dir)
     try:
         harness = load_harness(args.target)
     except TargetError as exc:

@@ -115,11 +115,13 @@ class Gate:
 
 @dataclass
 class ReplayReport:
-    """What a controller replay re-executed; model_calls must be 0 (I1)."""
+    """What a controller replay re-executed: ``model_calls`` (sent to the provider) must be 0 (I1);
+    ``served_model_calls`` were answered from the journal."""
 
     executions: int
     outputs: list[str]
     model_calls: int
+    served_model_calls: int = 0
 
 
 class _Observer:
@@ -765,6 +767,7 @@ class Controller:
         plans = [await self._reconstruct(row, ex, events) for ex in completed]
         outputs: list[str] = []
         calls = 0
+        served = 0
 
         async def refuse(event: common_pb2.Event) -> common_pb2.LogRecord:
             raise ReplayDivergedError("replay attempted to write to the journal")
@@ -795,11 +798,13 @@ class Controller:
                 )
             calls += sink.counters.model_calls
             for eff in effects:
-                if eff.kind == "model" and eff.reply is not None:
-                    outputs.append(_text(eff.reply.message))
+                if eff.kind == "model":
+                    served += 1
+                    if eff.reply is not None:
+                        outputs.append(_text(eff.reply.message))
                 elif eff.kind == "output":
                     outputs.append(_text(eff.call.message))
-        return ReplayReport(len(completed), outputs, calls)
+        return ReplayReport(len(completed), outputs, calls, served)
 
     # -- Suspend / Fork / Approve / Cancel ----------------------------------------------------
 
