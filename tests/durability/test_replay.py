@@ -95,7 +95,8 @@ class TestReplayNeverReachesTheProvider:
                 )
             assert run.code == 0, run.err
             assert provider.count == 1
-            assert "1 executions, 1 outputs; 1 model calls served from the journal, 0 sent to the provider" in run.out
+            from_journal = "1 model calls served from the journal, 0 sent to the provider"
+            assert f"1 executions, 1 outputs; {from_journal}" in run.out
             assert f"output 1: {json.dumps(answer)}" in run.out
         async with journal_at(db) as store:
             assert await chain(store, uid) == before

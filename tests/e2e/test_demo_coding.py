@@ -33,4 +33,7 @@ def test_coding_demo_asks_before_writing_and_replays_identically() -> None:
     assert any("TOOL_RESULT" in line and "ok (request #6, decision #8)" in line for line in lines)
     assert "hello.py exists after approval: True" in out
     assert "chain of 13 records verifies from genesis" in out
-    assert "controller replay: 1 execution, 2 model calls served from the journal, 0 sent to the model, hello.py untouched, journal byte-identical" in out
+    assert (
+        "controller replay: 1 execution, 2 model calls served from the journal, 0 sent to the model, "
+        "hello.py untouched, journal byte-identical"
+    ) in out
