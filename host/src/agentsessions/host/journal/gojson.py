@@ -1,6 +1,6 @@
 """Journals dumped by the Go reference host as JSON (``eventlog.Record``, Go domain shape).
 
-The fixtures under shared/fixtures/agentsessions-v0.1.2/ are arrays of
+The journals under tests/fixtures/agentsessions-v0.1.2/ are arrays of
 ``{"Seq", "PrevHash", "Hash", "Fence", "Event"}`` where ``Event`` uses Go field names and domain
 enum strings (``"Kind": "INPUT"``). ``load_records`` turns such a dump into wire ``Event``s the way
 the Go host's domain-to-proto conversion does (null and zero values omitted, spec 3.3), so that the
