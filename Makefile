@@ -5,7 +5,7 @@ TEST_WORKERS ?= auto
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PROTOS := $(wildcard proto/agentsessions/v1/*.proto)
+PROTOS := $(wildcard proto/agentsessions/v1/*.proto) $(wildcard proto/agentsessions/ext/v1/*.proto)
 GEN_DIR := sdk/src
 
 .PHONY: run demo test lint proto proto-check bench setup node-client clean
@@ -44,6 +44,7 @@ test: setup
 
 proto: $(STAMP)
 	rm -f $(GEN_DIR)/agentsessions/v1/*_pb2*.py $(GEN_DIR)/agentsessions/v1/*_pb2*.pyi
+	rm -f $(GEN_DIR)/agentsessions/ext/v1/*_pb2*.py $(GEN_DIR)/agentsessions/ext/v1/*_pb2*.pyi
 	$(PY) -m grpc_tools.protoc -Iproto \
 	  --python_out=$(GEN_DIR) --grpc_python_out=$(GEN_DIR) \
 	  --plugin=protoc-gen-mypy=$(VENV)/bin/protoc-gen-mypy --plugin=protoc-gen-mypy_grpc=$(VENV)/bin/protoc-gen-mypy_grpc \
@@ -51,7 +52,7 @@ proto: $(STAMP)
 
 # Fails when the committed generated code differs from what the protos generate.
 proto-check: proto
-	git diff --exit-code -- $(GEN_DIR)/agentsessions/v1
+	git diff --exit-code -- $(GEN_DIR)/agentsessions/v1 $(GEN_DIR)/agentsessions/ext/v1
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -22,5 +22,8 @@ run() {
 [[ -x "$venv/bin/python" ]] || run "$python" -m venv "$venv"
 run "$venv/bin/python" -m pip install --disable-pip-version-check --upgrade pip setuptools wheel
 run "$venv/bin/python" -m pip install --disable-pip-version-check -r requirements-dev.txt
-run "$venv/bin/python" -m pip install --disable-pip-version-check -e ./sdk -e ./harnesses -e ./host
+# compat editable mode puts each src/ folder on the path, so a package added later (a new
+# agentsessions.* subpackage) is importable without reinstalling.
+run "$venv/bin/python" -m pip install --disable-pip-version-check --config-settings editable_mode=compat \
+  -e ./sdk -e ./harnesses -e ./host
 echo "setup done (log: $log)"

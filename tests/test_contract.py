@@ -14,7 +14,8 @@ from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-GENERATED = ROOT / "sdk" / "src" / "agentsessions" / "v1"
+GENERATED = ROOT / "sdk" / "src"
+PACKAGES = (("agentsessions", "v1"), ("agentsessions", "ext", "v1"))
 BASELINE = ROOT / "contract" / "agentsessions-v1.binpb"
 TIMEOUT = 300
 
@@ -101,9 +102,11 @@ def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
     )
     assert regenerated.returncode == 0, regenerated.stdout + regenerated.stderr
 
-    fresh = generated_files(tmp_path / "agentsessions" / "v1")
-    committed = generated_files(GENERATED)
-    assert fresh, "make proto generated nothing"
-    assert sorted(fresh) == sorted(committed), "generated file set differs: run make proto and commit"
-    stale = [name for name in fresh if fresh[name] != committed[name]]
-    assert not stale, f"committed generated code is stale: {stale}; run make proto and commit"
+    for package in PACKAGES:
+        fresh = generated_files(tmp_path.joinpath(*package))
+        committed = generated_files(GENERATED.joinpath(*package))
+        name = ".".join(package)
+        assert fresh, f"make proto generated nothing for {name}"
+        assert sorted(fresh) == sorted(committed), f"{name}: generated file set differs: run make proto"
+        stale = [file for file in fresh if fresh[file] != committed[file]]
+        assert not stale, f"{name}: committed generated code is stale: {stale}; run make proto and commit"
