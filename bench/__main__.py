@@ -6,16 +6,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import journal, replay, turns
+from bench import journal, load, replay, turns
 
-SUITES = ("journal", "turns", "replay")
+SUITES = ("journal", "turns", "replay", "load")
+# The load suite takes minutes and has its own flags (python -m bench.load --help): run it by name.
+DEFAULT_SUITES = ("journal", "turns", "replay")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "suites", nargs="*", metavar="SUITE", help=f"one of {', '.join(SUITES)} (default: all)"
+        "suites",
+        nargs="*",
+        metavar="SUITE",
+        help=f"one of {', '.join(SUITES)} (default: {', '.join(DEFAULT_SUITES)})",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
     parser.add_argument(
@@ -32,13 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown backend(s): {', '.join(unknown)}")
     code = 0
-    for suite in args.suites or SUITES:
+    for suite in args.suites or DEFAULT_SUITES:
         if suite == "journal":
             code = max(code, journal.run(quick=args.quick, backends=backends))
         elif suite == "turns":
             code = max(code, turns.run(quick=args.quick))
         elif suite == "replay":
             code = max(code, replay.run(quick=args.quick))
+        elif suite == "load":
+            code = max(code, load.run(["--quick"] if args.quick else []))
     return code
 
 

@@ -1,0 +1,504 @@
+"""Load: many sessions turning at once on one host, with and without readers beside them.
+
+``python -m bench.load [--sessions 200] [--seconds 60] [--replay 20] [--list 20] [--watch 20] [--quick]``
+(``python -m bench load`` runs it with the defaults; it is not part of the default ``make bench``).
+
+Two phases, each on a fresh ``agentsessions serve`` (SQLite journal, synchronous=FULL as shipped,
+built-in echo harness and model) over loopback, measured in the same run:
+
+* **turns only**: ``--sessions`` sessions, each running echo turns back to back for ``--seconds``;
+* **turns + readers**: the same turn load, plus reader callers in a separate process: ``--replay``
+  callers each replaying a random session's whole journal, ``--list`` callers each paging
+  ``ListSessions`` (page of 100) through every session, and ``--watch`` callers following a random
+  session live with ``LiveSessions.Watch`` (only where the host serves it). Each reader waits
+  ``--think`` seconds between its calls, the way a dashboard or an operator's script polls.
+
+Reported per phase: turns/s, turn latency p50/p99, every error by status code (turns and readers),
+reader latency p50/p99 per kind, the host's peak RSS and open file descriptors (from /proc). After
+each phase the host drains and stops, then the journal is verified offline (``agentsessions journal
+verify``) and every execution in it is checked complete (an END record). The goals (reliability
+issue): 0 errors, turns/s with readers within 20% of turns only, ListSessions p99 under 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import grpc
+from grpc import aio
+
+from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
+from bench.turns import BIN, ROOT, Fleet, fleet
+
+RESULTS: Final = ROOT / "bench" / "results" / "load.json"
+GOAL_READER_SLOWDOWN: Final = 0.20
+GOAL_LIST_P99_S: Final = 0.100
+LIST_PAGE: Final = 100
+CALL_TIMEOUT_S: Final = 60.0
+CHANNELS: Final = 4
+WARMUP_TURNS: Final = 2
+
+
+@dataclass
+class Calls:
+    """Latencies of the calls that succeeded and the status codes of those that did not."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def took(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+
+    def failed(self, code: grpc.StatusCode | None) -> None:
+        self.errors[code.name if code is not None else "TRANSPORT"] += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "calls": len(self.latencies),
+            "p50_ms": _percentile(self.latencies, 0.50) * 1000,
+            "p99_ms": _percentile(self.latencies, 0.99) * 1000,
+            "errors": dict(self.errors),
+        }
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _text(text: str) -> common_pb2.Message:
+    return common_pb2.Message(role="user", parts=[common_pb2.Part(text=common_pb2.TextPart(text=text))])
+
+
+# -- the turn load (this process) ---------------------------------------------------------------
+
+
+async def _create_sessions(stubs: Sequence[session_pb2_grpc.SessionsStub], count: int) -> list[str]:
+    async def one(i: int) -> str:
+        stub = stubs[i % len(stubs)]
+        request = session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo"))
+        session = await stub.CreateSession(request, timeout=CALL_TIMEOUT_S)
+        return str(session.metadata.uid)
+
+    uids: list[str] = []
+    for start in range(0, count, 50):
+        uids += await asyncio.gather(*(one(i) for i in range(start, min(count, start + 50))))
+    return uids
+
+
+async def _turns(
+    stub: session_pb2_grpc.SessionsStub,
+    uid: str,
+    until: float,
+    calls: Calls,
+    started: list[float],
+    *,
+    limit: int = 0,
+) -> None:
+    n = 0
+    while time.monotonic() < until and not (limit and n >= limit):
+        n += 1
+        began = time.monotonic()
+        try:
+            call = stub.Exec(
+                session_pb2.ExecRequest(session=uid, inputs=[_text(f"turn {n}")]), timeout=CALL_TIMEOUT_S
+            )
+            async for _ in call:
+                pass
+        except aio.AioRpcError as exc:
+            calls.failed(exc.code())
+            continue
+        calls.took(time.monotonic() - began)
+        started.append(began)
+
+
+async def _sample(pid: int, stop: asyncio.Event, peak: dict[str, int]) -> None:
+    """Peak RSS (KiB) and open descriptors of the host, once a second."""
+    while not stop.is_set():
+        usage = _usage(pid)
+        if usage is None:
+            return
+        peak["rss_kib"] = max(peak.get("rss_kib", 0), usage[0])
+        peak["fds"] = max(peak.get("fds", 0), usage[1])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+def _usage(pid: int) -> tuple[int, int] | None:
+    """(RSS in KiB, open descriptors) of a live process, from /proc (tiny reads)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, StopIteration):
+        return None
+
+
+async def _drive(
+    address: str, pid: int, args: argparse.Namespace, readers: bool, workdir: Path
+) -> dict[str, Any]:
+    channels = [aio.insecure_channel(address) for _ in range(CHANNELS)]
+    try:
+        stubs = [session_pb2_grpc.SessionsStub(channel) for channel in channels]
+        uids = await _create_sessions(stubs, args.sessions)
+        # Two untimed turns per session first, so both phases start warm.
+        warm = Calls()
+        warm_until = time.monotonic() + CALL_TIMEOUT_S
+        await asyncio.gather(
+            *(
+                _turns(stubs[i % CHANNELS], uid, warm_until, warm, [], limit=WARMUP_TURNS)
+                for i, uid in enumerate(uids)
+            )
+        )
+        uid_file = workdir / "uids.json"
+        uid_file.write_text(json.dumps(uids))
+        reader_proc: asyncio.subprocess.Process | None = None
+        if readers:
+            reader_proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.load",
+                "readers",
+                "--target",
+                address,
+                "--uids",
+                str(uid_file),
+                "--seconds",
+                str(args.seconds),
+                "--replay",
+                str(args.replay),
+                "--list",
+                str(args.list),
+                "--watch",
+                str(args.watch),
+                "--think",
+                str(args.think),
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=asyncio.subprocess.PIPE,
+            )
+        calls = Calls()
+        started: list[float] = []
+        stop = asyncio.Event()
+        peak: dict[str, int] = {}
+        sampler = asyncio.create_task(_sample(pid, stop, peak))
+        began = time.monotonic()
+        until = began + args.seconds
+        await asyncio.gather(
+            *(_turns(stubs[i % CHANNELS], uid, until, calls, started) for i, uid in enumerate(uids))
+        )
+        elapsed = time.monotonic() - began
+        stop.set()
+        await sampler
+        reader_report: dict[str, Any] = {}
+        if reader_proc is not None:
+            assert reader_proc.stdout is not None
+            out = await asyncio.wait_for(reader_proc.stdout.read(), timeout=args.seconds + CALL_TIMEOUT_S)
+            await reader_proc.wait()
+            reader_report = json.loads(out.decode().strip().splitlines()[-1])
+        # Turns that started inside the window, over the window.
+        in_window = sum(1 for t in started if t < until)
+        return {
+            "sessions": len(uids),
+            "seconds": elapsed,
+            "turns": calls.summary(),
+            "turns_per_s": in_window / args.seconds,
+            "host_peak": peak,
+            "readers": reader_report,
+        }
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def _check_journal(journal: Path) -> dict[str, Any]:
+    """Offline: the chain verifies, and every execution in the journal has its END."""
+    verified = subprocess.run(
+        [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(journal)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    incomplete = asyncio.run(_incomplete_executions(journal))
+    return {
+        "verify_exit": verified.returncode,
+        "verify_output": (verified.stdout + verified.stderr).strip().splitlines()[-1:],
+        "incomplete_executions": incomplete,
+    }
+
+
+async def _incomplete_executions(journal: Path) -> int:
+    from agentsessions.host.journal import open_store
+
+    store = await open_store(str(journal))
+    try:
+        incomplete = 0
+        for uid in await store.session_uids():
+            open_ids: set[str] = set()
+            for record in await store.read(uid):
+                event = record.event
+                if event.kind == common_pb2.EVENT_EXECUTION_START:
+                    open_ids.add(event.execution_id)
+                elif event.kind == common_pb2.EVENT_END:
+                    open_ids.discard(event.execution_id)
+            incomplete += len(open_ids)
+        return incomplete
+    finally:
+        await store.close()
+
+
+def _phase(name: str, args: argparse.Namespace, readers: bool, tmp: Path) -> dict[str, Any]:
+    workdir = tmp / name
+    workdir.mkdir()
+    journal = workdir / "journal.db"
+    with fleet(workdir) as servers:
+        address = _serve(servers, journal)
+        pid = servers.pids["host"]
+        result = asyncio.run(_drive(address, pid, args, readers, workdir))
+    result["journal"] = _check_journal(journal)
+    return result
+
+
+def _serve(servers: Fleet, journal: Path) -> str:
+    return servers.host("host", str(journal), {})
+
+
+# -- the readers (a child process, so their client CPU does not slow the turn drivers) ----------
+
+
+async def _replayer(
+    stub: session_pb2_grpc.SessionsStub, uids: list[str], until: float, think: float, calls: Calls
+) -> None:
+    while time.monotonic() < until:
+        began = time.monotonic()
+        try:
+            async for _ in stub.Replay(
+                session_pb2.ReplayRequest(session=random.choice(uids)), timeout=CALL_TIMEOUT_S
+            ):
+                pass
+            calls.took(time.monotonic() - began)
+        except aio.AioRpcError as exc:
+            calls.failed(exc.code())
+        await asyncio.sleep(think)
+
+
+async def _lister(stub: session_pb2_grpc.SessionsStub, until: float, think: float, calls: Calls) -> None:
+    while time.monotonic() < until:
+        token = ""
+        while True:
+            began = time.monotonic()
+            try:
+                page = await stub.ListSessions(
+                    session_pb2.ListSessionsRequest(page_size=LIST_PAGE, page_token=token),
+                    timeout=CALL_TIMEOUT_S,
+                )
+            except aio.AioRpcError as exc:
+                calls.failed(exc.code())
+                break
+            calls.took(time.monotonic() - began)
+            token = page.next_page_token
+            if not token or time.monotonic() >= until:
+                break
+        await asyncio.sleep(think)
+
+
+async def _watcher(
+    channel: aio.Channel, uids: list[str], until: float, calls: Calls, served: list[bool]
+) -> None:
+    """Follow one random session live until the window ends; counts records delivered."""
+    try:
+        from agentsessions.ext.v1 import live_pb2, live_pb2_grpc
+    except ImportError:
+        served.append(False)
+        return
+    stub = live_pb2_grpc.LiveSessionsStub(channel)
+    call = stub.Watch(live_pb2.WatchRequest(session=random.choice(uids), follow=True))
+    try:
+        async with asyncio.timeout(max(0.0, until - time.monotonic())):
+            async for update in call:
+                if update.WhichOneof("update") == "record":
+                    calls.took(0.0)
+    except TimeoutError:
+        call.cancel()
+    except aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            served.append(False)
+            return
+        calls.failed(exc.code())
+    served.append(True)
+
+
+async def _readers(args: argparse.Namespace) -> dict[str, Any]:
+    uids: list[str] = args.uid_list
+    until = time.monotonic() + args.seconds
+    channel = aio.insecure_channel(args.target)
+    try:
+        stub = session_pb2_grpc.SessionsStub(channel)
+        replays, lists, watches = Calls(), Calls(), Calls()
+        served: list[bool] = []
+        await asyncio.gather(
+            *(_replayer(stub, uids, until, args.think, replays) for _ in range(args.replay)),
+            *(_lister(stub, until, args.think, lists) for _ in range(args.list)),
+            *(_watcher(channel, uids, until, watches, served) for _ in range(args.watch)),
+        )
+        report = {"replay": replays.summary(), "list": lists.summary()}
+        if args.watch:
+            watched = watches.summary()
+            report["watch"] = {
+                "served": bool(served) and all(served),
+                "records_delivered": watched["calls"],
+                "errors": watched["errors"],
+            }
+        return report
+    finally:
+        await channel.close()
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _errors(phase: dict[str, Any]) -> int:
+    total: int = sum(phase["turns"]["errors"].values())
+    for kind in ("replay", "list", "watch"):
+        total += sum(phase["readers"].get(kind, {}).get("errors", {}).values())
+    return total
+
+
+def _print(name: str, phase: dict[str, Any]) -> None:
+    turns = phase["turns"]
+    peak = phase["host_peak"]
+    print(f"\n{name}: {phase['sessions']} sessions x {phase['seconds']:.0f} s")
+    print(
+        f"  turns/s {phase['turns_per_s']:8.1f}   turn p50 {turns['p50_ms']:7.1f} ms"
+        f"   p99 {turns['p99_ms']:7.1f} ms   errors {turns['errors'] or 0}"
+    )
+    for kind in ("replay", "list"):
+        reader = phase["readers"].get(kind)
+        if reader:
+            print(
+                f"  {kind:7s} calls {reader['calls']:6d}   p50 {reader['p50_ms']:7.1f} ms"
+                f"   p99 {reader['p99_ms']:7.1f} ms   errors {reader['errors'] or 0}"
+            )
+    watch = phase["readers"].get("watch")
+    if watch:
+        shown = (
+            "not served by this host"
+            if not watch["served"]
+            else f"{watch['records_delivered']} records delivered"
+        )
+        print(f"  watch   {shown}   errors {watch['errors'] or 0}")
+    print(f"  host peak RSS {peak.get('rss_kib', 0) / 1024:.0f} MiB, open fds {peak.get('fds', 0)}")
+    check = phase["journal"]
+    print(
+        f"  journal verify exit {check['verify_exit']} {' '.join(check['verify_output'])}; "
+        f"incomplete executions {check['incomplete_executions']}"
+    )
+
+
+def run(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--replay", type=int, default=20, help="Replay callers beside the turns")
+    parser.add_argument("--list", type=int, default=20, help="ListSessions callers beside the turns")
+    parser.add_argument("--watch", type=int, default=20, help="Watch callers (where LiveSessions is served)")
+    parser.add_argument("--think", type=float, default=1.0, help="seconds each reader waits between calls")
+    parser.add_argument(
+        "--quick", action="store_true", help="20 sessions x 5 s: a smoke run, not a measurement"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(list(argv))
+    if args.quick:
+        args.sessions, args.seconds, args.replay, args.list, args.watch = 20, 5.0, 2, 2, 2
+    with tempfile.TemporaryDirectory(prefix="agentsessions-bench-load-") as tmp:
+        alone = _phase("turns only", args, False, Path(tmp))
+        mixed = _phase("turns + readers", args, True, Path(tmp))
+    _print("turns only", alone)
+    _print("turns + readers", mixed)
+    slowdown = 1 - mixed["turns_per_s"] / alone["turns_per_s"] if alone["turns_per_s"] else 1.0
+    list_p99 = mixed["readers"].get("list", {}).get("p99_ms", 0.0) / 1000
+    errors = _errors(alone) + _errors(mixed)
+    complete = all(
+        p["journal"]["verify_exit"] == 0 and p["journal"]["incomplete_executions"] == 0
+        for p in (alone, mixed)
+    )
+    goals: dict[str, dict[str, Any]] = {
+        "errors": {"measured": errors, "goal": 0, "met": errors == 0},
+        "reader_slowdown": {
+            "measured": slowdown,
+            "goal": GOAL_READER_SLOWDOWN,
+            "met": slowdown <= GOAL_READER_SLOWDOWN,
+        },
+        "list_p99_s": {"measured": list_p99, "goal": GOAL_LIST_P99_S, "met": list_p99 < GOAL_LIST_P99_S},
+        "journal_verified_and_complete": {"met": complete},
+    }
+    print("\ngoals")
+    print(f"  errors: {errors} (goal 0): {'met' if errors == 0 else 'MISSED'}")
+    print(
+        f"  turns/s with readers {mixed['turns_per_s']:.1f} vs {alone['turns_per_s']:.1f} alone: "
+        f"{max(0.0, slowdown):.1%} slower (goal <= {GOAL_READER_SLOWDOWN:.0%}): "
+        f"{'met' if goals['reader_slowdown']['met'] else 'MISSED'}"
+    )
+    print(
+        f"  ListSessions p99 {list_p99 * 1000:.1f} ms for a page of {LIST_PAGE} "
+        f"(goal < {GOAL_LIST_P99_S * 1000:.0f} ms): {'met' if goals['list_p99_s']['met'] else 'MISSED'}"
+    )
+    print(f"  journals verify, every execution complete: {'met' if complete else 'MISSED'}")
+    if args.quick:
+        print("  (quick run: not a measurement)")
+    document = {
+        "benchmark": "load",
+        "when_unix": int(time.time()),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "quick": args.quick,
+        "arguments": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
+        "turns_only": alone,
+        "turns_and_readers": mixed,
+        "goals": goals,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    return 0 if all(goal["met"] for goal in goals.values()) else 1
+
+
+def _readers_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load readers")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--uids", required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--replay", type=int, default=0)
+    parser.add_argument("--list", type=int, default=0)
+    parser.add_argument("--watch", type=int, default=0)
+    parser.add_argument("--think", type=float, default=1.0)
+    args = parser.parse_args(list(argv))
+    args.uid_list = json.loads(Path(args.uids).read_text())
+    print(json.dumps(asyncio.run(_readers(args))))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["readers"]:
+        sys.exit(_readers_main(sys.argv[2:]))
+    sys.exit(run(sys.argv[1:]))
