@@ -200,14 +200,13 @@ class ChatTransport:
                     attempts += 1
                     response = await self._attempt(url, payload, headers)
         except _Retryable as exc:
-            raise ModelError(
-                f"model {model}: HTTP {exc.status}{_gave_up(attempts, started, self.timeouts.total)}"
-                + (f": {exc.detail}" if exc.detail else "")
-            ) from None
+            why = _gave_up(attempts, self.retry, started, self.timeouts.total)
+            detail = f": {exc.detail}" if exc.detail else ""
+            raise ModelError(f"model {model}: HTTP {exc.status}{why}{detail}") from None
         except httpx.TransportError as exc:
+            why = _gave_up(attempts, self.retry, started, self.timeouts.total)
             raise ModelError(
-                f"model {model}: request to {url} failed{_gave_up(attempts, started, self.timeouts.total)}: "
-                f"{type(exc).__name__}: {exc}"
+                f"model {model}: request to {url} failed{why}: {type(exc).__name__}: {exc}"
             ) from exc
         assert response is not None  # tenacity returns only after an attempt that did not raise
         return response
@@ -227,11 +226,15 @@ class ChatTransport:
         raise _Retryable(status, retry_after_seconds(response.headers.get("retry-after")), error_detail(raw))
 
 
-def _gave_up(attempts: int, started: float, budget: float) -> str:
-    if attempts <= 1:
+def _gave_up(attempts: int, policy: RetryPolicy, started: float, budget: float) -> str:
+    """Why the retries stopped, for the failure message."""
+    if policy.max_attempts == 1:
         return ""
     elapsed = time.monotonic() - started
-    return f" after {attempts} attempts in {elapsed:.1f} s (budget {budget:g} s)"
+    tried = f" after {attempts} attempt{'s' if attempts > 1 else ''} in {elapsed:.1f} s"
+    if attempts >= policy.max_attempts:
+        return tried
+    return f"{tried} (the next wait would pass the {budget:g} s budget)"
 
 
 async def _read_capped(response: httpx.Response, limit: int) -> bytes:
