@@ -268,9 +268,16 @@ async def exec_turn(call: Call) -> int:
     return await _stream_turn(call, request, created=not args.session)
 
 
-async def _stream_turn(call: Call, request: session_pb2.ExecRequest, *, created: bool) -> int:
+def _view(call: Call) -> TurnView:
+    # With --json the view only follows the outcome; what it would print is dropped.
+    return TurnView(out=io.StringIO() if call.as_json else call.out, verbose=bool(call.args.verbose))
+
+
+async def _stream_turn(
+    call: Call, request: session_pb2.ExecRequest, *, created: bool, view: TurnView | None = None
+) -> int:
     """Run one Exec, printing frames as they come; the exit code of the turn's outcome."""
-    view = TurnView(out=io.StringIO() if call.as_json else call.out, verbose=bool(call.args.verbose))
+    view = view or _view(call)
     uid = request.session
     try:
         async for update in call.client.stub.Exec(request, **call.streaming):
@@ -347,17 +354,20 @@ async def decide(call: Call, *, approved: bool) -> int:
             common_pb2.IdentityRef(principal=args.actor, issuer=args.issuer, subject=args.subject)
         )
     response = await call.client.stub.Approve(request, **call.unary)
-    verdict = "approved" if approved else "denied"
+    view = _view(call)
+    # The gated call's name, for the lines that follow: its TOOL_CALL is the record before the request.
+    async for earlier in _records(call, args.session, max(1, ref.request_seq - 1), ref.request_seq):
+        view.learn(earlier)
     if call.as_json:
         call.emit(response)
-    else:
-        gate = f"call {ref.tool_call_id} (request #{ref.request_seq})"
-        call.say(f"{verdict} {gate}: decision at seq {response.decision.seq}")
+    view.record(response.decision)
+    call.note(f"decision recorded at seq {response.decision.seq}")
     if args.no_continue:
-        call.note(f"the decision is recorded; `agentsessions resume {args.session}` delivers it")
+        call.note(f"`agentsessions resume {args.session}` delivers it and completes the turn")
         return EXIT_OK
     try:
-        return await _stream_turn(call, session_pb2.ExecRequest(session=args.session), created=False)
+        request_more = session_pb2.ExecRequest(session=args.session)
+        return await _stream_turn(call, request_more, created=False, view=view)
     except grpc.aio.AioRpcError as exc:
         call.note(
             f"the decision is recorded at seq {response.decision.seq}; continuing the turn failed "

@@ -186,6 +186,11 @@ class TurnView:
             self.parked = update.session
             self.outcome = "awaiting"
 
+    def learn(self, record: common_pb2.LogRecord) -> None:
+        """Take what an earlier record says (tool names) without printing it."""
+        if record.event.kind == K.EVENT_TOOL_CALL:
+            self._tools[record.event.tool.id] = record.event.tool.tool
+
     def delta(self, delta: session_pb2.Delta) -> None:
         if delta.chunk:
             self._write(delta.chunk)
@@ -219,7 +224,7 @@ class TurnView:
             decision = event.approval_result
             verdict = "approved" if decision.approved else "denied"
             reason = f": {decision.reason}" if decision.reason else ""
-            self._say(f"{'ok' if decision.approved else 'no'} {verdict} by {_actor(event.actor)}{reason}")
+            self._say(f"=  {verdict} by {_actor(event.actor)}{reason}")
         elif kind == K.EVENT_USAGE:
             usage = event.usage
             self._say(
