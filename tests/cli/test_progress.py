@@ -50,9 +50,7 @@ def run_on(terminal: bool, *args: str, **env: str) -> tuple[int, str, str]:
 def journal(tmp_path: Path) -> Path:
     path = tmp_path / "journal.db"
     for fixture in ("completed.json", "multi-turn.json"):
-        code, out, err = run_on(
-            False, "journal", "import", "--journal", str(path), str(GO_JOURNALS / fixture)
-        )
+        code, _, err = run_on(False, "journal", "import", "--journal", str(path), str(GO_JOURNALS / fixture))
         assert code == 0, err
     return path
 
