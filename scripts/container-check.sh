@@ -18,8 +18,20 @@ name="agentsessions-check-$$"
 podman=(podman --runtime runc --cgroup-manager=cgroupfs)
 limits=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
 work="$(mktemp -d /tmp/agentsessions-container.XXXXXX)"
+# Once, on a machine of this kind, /dev/null was found replaced by a regular file owned by uid 10001
+# (the image's user) after a run of this script; it could not be reproduced. So the script checks it
+# after each podman phase and, as root, puts the device back, saying so.
+devnull_intact() { [[ -c /dev/null ]]; }
+guard_devnull() {
+  if devnull_intact; then return 0; fi
+  echo "WARNING: /dev/null is no longer a character device after: $1 ($(stat -c '%F, uid %u' /dev/null 2>&1))" >&2
+  if [[ $(id -u) -eq 0 ]]; then
+    rm -f /dev/null && mknod -m 666 /dev/null c 1 3 && echo "WARNING: /dev/null restored (mknod c 1 3)" >&2
+  fi
+}
 cleanup() {
   "${podman[@]}" rm -f "$name" >/dev/null 2>&1 || true
+  guard_devnull "removing the container"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -56,6 +68,7 @@ fi
 
 port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 address="127.0.0.1:$port"
+guard_devnull "the build"
 echo "running it on $address"
 # (podman's complaints that it has no systemd to schedule health checks with go to a log.)
 "${podman[@]}" run -d "${limits[@]}" --network=host --name "$name" \
@@ -84,5 +97,6 @@ echo "a turn from outside: $(tail -n 1 <<<"$out")"
 "${podman[@]}" stop -t 30 "$name" >/dev/null 2>>"$work/podman.log"
 code="$("${podman[@]}" inspect --format '{{.State.ExitCode}}' "$name")"
 [[ "$code" == 0 ]] || { echo "FAILED: the container exited $code after SIGTERM" >&2; exit 1; }
+guard_devnull "running, checking and stopping the container"
 echo "drained on SIGTERM, exit 0"
 echo "ok: image $image builds offline, serves, checks healthy and drains"
