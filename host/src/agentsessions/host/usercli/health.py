@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from typing import Any
 
 import grpc
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         connection = Connection.from_args(args, environment())
     except UsageError as exc:
-        print(f"agentsessions health: {exc}")
+        print(f"agentsessions health: {exc}", file=sys.stderr)
         return EXIT_FAILED
     status, detail = asyncio.run(_check(connection, args.service))
     if not args.quiet:
