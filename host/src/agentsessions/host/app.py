@@ -87,6 +87,7 @@ def build_model(config: HostConfig) -> ModelProvider:
             base_url=config.model_base_url,
             path=config.model_path,
             auth_header=config.model_auth_header,
+            **config.model_transport.provider_options(),
         ),
         provider_name="openai",
         default_model=config.model,

@@ -13,10 +13,11 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal, TypedDict, cast
 
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.host.models.transport import RetryPolicy
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
@@ -95,6 +96,8 @@ class HostConfig:
     auth_tokens: str | None = None
     # Where traces and metrics go (agentsessions.host.telemetry).
     otel_exporter: OtelExporter = "none"
+    # The model provider's timeouts and retries (the block at the end of this module).
+    model_transport: ModelTransportConfig = field(default_factory=lambda: ModelTransportConfig())
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -238,6 +241,7 @@ class HostConfig:
             harness_tls_key=pick("harness_tls_key", "") or None,
             auth_tokens=pick("auth_tokens", "") or None,
             otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
+            model_transport=ModelTransportConfig.from_sources(args, environ),
         )
 
 
@@ -429,6 +433,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         f"Authorization sends 'Bearer <key>' "
         f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
     )
+    add_model_transport_arguments(parser)
 
 
 def check_auth_tokens(path: str) -> None:
@@ -585,3 +590,81 @@ def _check_port(flag: str, address: str, port: str, rule: str, *, allow_zero: bo
     lowest = 0 if allow_zero else 1
     if not port.isdigit() or not lowest <= int(port) <= 65535:
         raise ConfigError(f"{flag} {address!r}: port {port!r} must be {lowest}..65535; {rule}")
+
+
+# -- the model provider's timeouts and retries (agentsessions.host.models.transport) -------------
+
+# (flag, attribute, default, integer?) of each setting; the variable is AGENTSESSIONS_<ATTRIBUTE>.
+_MODEL_TRANSPORT_FLAGS: tuple[tuple[str, str, float, bool, str], ...] = (
+    ("--model-connect-timeout", "model_connect_timeout", 10.0, False, "connecting to the model endpoint"),
+    ("--model-read-timeout", "model_read_timeout", 120.0, False, "each read of a model answer"),
+    ("--model-timeout", "model_timeout", 300.0, False, "a whole completion, retries and waits included"),
+    ("--model-max-attempts", "model_max_attempts", 4, True, "requests per completion (1: never retry)"),
+)
+
+
+class ModelProviderOptions(TypedDict):
+    """Keyword arguments of ``OpenAIModel`` from :class:`ModelTransportConfig`."""
+
+    connect_timeout: float
+    read_timeout: float
+    timeout: float
+    retry: RetryPolicy
+
+
+@dataclass(frozen=True)
+class ModelTransportConfig:
+    """How long the OpenAI-compatible provider waits, and how often it retries a 429, 5xx or
+    connection error (with backoff and jitter, honouring Retry-After)."""
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 120.0
+    timeout: float = 300.0
+    max_attempts: int = 4
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--model-connect-timeout", self.connect_timeout),
+            ("--model-read-timeout", self.read_timeout),
+            ("--model-timeout", self.timeout),
+        ):
+            if not value > 0:
+                raise ConfigError(f"{flag} {value:g} must be a positive number of seconds")
+        if self.max_attempts < 1:
+            raise ConfigError(f"--model-max-attempts {self.max_attempts} must be at least 1")
+
+    @classmethod
+    def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> ModelTransportConfig:
+        values: dict[str, float | int] = {}
+        for flag, attr, default, integer, _ in _MODEL_TRANSPORT_FLAGS:
+            given: str | None = getattr(args, attr, None)
+            text = given if given is not None else environ.get(ENV_PREFIX + attr.upper(), str(default))
+            try:
+                values[attr] = int(text) if integer else float(text)
+            except ValueError:
+                kind = "an integer" if integer else "a number of seconds"
+                raise ConfigError(f"{flag} {text!r} is not {kind}") from None
+        return cls(
+            connect_timeout=values["model_connect_timeout"],
+            read_timeout=values["model_read_timeout"],
+            timeout=values["model_timeout"],
+            max_attempts=int(values["model_max_attempts"]),
+        )
+
+    def provider_options(self) -> ModelProviderOptions:
+        return ModelProviderOptions(
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            timeout=self.timeout,
+            retry=RetryPolicy(max_attempts=self.max_attempts),
+        )
+
+
+def add_model_transport_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, attr, default, _, what in _MODEL_TRANSPORT_FLAGS:
+        unit = "" if attr == "model_max_attempts" else " s"
+        parser.add_argument(
+            flag,
+            metavar="N" if attr == "model_max_attempts" else "SECONDS",
+            help=f"bound on {what} (env {ENV_PREFIX}{attr.upper()}; default {default:g}{unit})",
+        )

@@ -30,6 +30,7 @@ from agentsessions.host.controller.controller import ReplayReport
 from agentsessions.host.controller.errors import ControllerError, ReplayDivergedError
 from agentsessions.host.journal.postgres import redact_url
 from agentsessions.host.journal.store import StoreError, TamperedError
+from agentsessions.host.progress import progress
 from agentsessions.host.runtime.process import HarnessProcessError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DIVERGED", "EXIT_OK", "add_parser"]
@@ -97,8 +98,10 @@ async def _replay(config: HostConfig, uid: str) -> int:
         controller = await build_controller(config, app)
         if await controller.store.get_session(uid) is None:
             raise _CannotReplay(f"no session {uid} in journal {shown}")
-        verified = await controller.store.verify(uid)
-        report = await controller.replay(uid)
+        with progress(f"verifying {uid}", unit="") as bar:
+            verified = await controller.store.verify(uid)
+            bar.update(description=f"replaying {verified} records of {uid}")
+            report = await controller.replay(uid)
     except TamperedError as exc:
         print(f"FAILED: session {exc.session} seq {exc.seq}: {exc.why}", file=sys.stderr)
         return EXIT_DIVERGED

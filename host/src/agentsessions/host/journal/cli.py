@@ -43,6 +43,7 @@ from agentsessions.host.journal.store import (
     StoreError,
     TamperedError,
 )
+from agentsessions.host.progress import progress
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_TAMPERED", "add_parser"]
@@ -373,11 +374,13 @@ async def _verify(args: argparse.Namespace) -> int:
             uids = [args.session]
         total = 0
         failures: list[TamperedError] = []
-        for uid in uids:
-            try:
-                total += await store.verify(uid)
-            except TamperedError as exc:
-                failures.append(exc)
+        with progress("verifying", total=len(uids), unit="sessions") as bar:
+            for uid in uids:
+                try:
+                    total += await store.verify(uid)
+                except TamperedError as exc:
+                    failures.append(exc)
+                bar.advance()
     finally:
         await store.close()
     for failure in failures:
@@ -420,16 +423,19 @@ async def _export(args: argparse.Namespace) -> int:
     try:
         dest = await SqliteStore.open(partial)
         try:
-            for uid in await source.session_uids():
-                row = await source.get_session(uid)
-                if row is None:  # deleted: not part of the live journal
-                    skipped += 1
-                    continue
-                checked = await source.verify(uid)
-                records = await source.read(uid, 1, checked) if checked else []
-                await dest.import_records(row, records)
-                exported += 1
-                records_total += len(records)
+            uids = await source.session_uids()
+            with progress("exporting", total=len(uids), unit="sessions") as bar:
+                for uid in uids:
+                    bar.advance()
+                    row = await source.get_session(uid)
+                    if row is None:  # deleted: not part of the live journal
+                        skipped += 1
+                        continue
+                    checked = await source.verify(uid)
+                    records = await source.read(uid, 1, checked) if checked else []
+                    await dest.import_records(row, records)
+                    exported += 1
+                    records_total += len(records)
             for registration in await source.list_harnesses():
                 await dest.put_harness(registration)
         finally:
@@ -467,21 +473,23 @@ async def _import(args: argparse.Namespace) -> int:
     records = gojson.to_log_records(loaded)
     if not records:
         raise InputError(f"fixture {fixture}: holds no records")
-    try:
-        check_chain(str(fixture), records)
-    except TamperedError as exc:
-        print(
-            f"FAILED: {fixture} record seq {exc.seq}: {exc.why}; nothing imported",
-            file=sys.stderr,
-        )
-        return EXIT_TAMPERED
-    uid = args.session or "sess-" + secrets.token_hex(12)
-    row = SessionRow(uid=uid, project=args.project, name=args.name, harness=args.harness)
-    store = await _open(args.journal, create=True)
-    try:
-        stored = await store.import_records(row, records)
-    finally:
-        await store.close()
+    with progress(f"importing {len(records)} records", unit="") as bar:
+        try:
+            check_chain(str(fixture), records)
+        except TamperedError as exc:
+            print(
+                f"FAILED: {fixture} record seq {exc.seq}: {exc.why}; nothing imported",
+                file=sys.stderr,
+            )
+            return EXIT_TAMPERED
+        bar.update(description=f"storing {len(records)} records")
+        uid = args.session or "sess-" + secrets.token_hex(12)
+        row = SessionRow(uid=uid, project=args.project, name=args.name, harness=args.harness)
+        store = await _open(args.journal, create=True)
+        try:
+            stored = await store.import_records(row, records)
+        finally:
+            await store.close()
     print(
         f"ok: imported {stored.last_seq} records from {fixture} into session {uid} ({_shown(args.journal)})"
     )

@@ -5,7 +5,8 @@ concatenated, reasoning parts are dropped (they are journaled provider state, no
 file or data parts are refused: silently sending less than the harness built would make the
 journal describe a call that never happened. Inbound, ``reasoning_content`` becomes a
 ``ReasoningPart{provider: "openai"}``, tool calls become ToolCall parts and usage is returned.
-``ModelCall.params`` is not sent.
+``ModelCall.params`` are sent as typed request fields (``models.params``); requests are retried
+on 429, 5xx and connection errors within timeouts (``models.transport``).
 
 The API key comes only from the environment (``MODEL_API_KEY``, else ``OPENAI_API_KEY``), never
 from arguments or config, so it never lands in argv or the journal.
@@ -23,7 +24,9 @@ from typing import Any
 import httpx
 from google.protobuf import json_format, struct_pb2
 
+from agentsessions.host.models.params import request_params
 from agentsessions.host.models.provider import DeltaCallback, ModelError
+from agentsessions.host.models.transport import ChatTransport, RetryPolicy, Timeouts
 from agentsessions.v1 import common_pb2, harness_pb2
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -55,8 +58,9 @@ class OpenAIModel:
     """Chat completions at ``base_url + path`` for ``model`` (used when a call names "" or "echo").
 
     ``auth_header`` "Authorization" sends ``Bearer <key>``, any other header sends the raw key,
-    and "" (or no key in the environment) sends none. ``timeout`` bounds a whole completion;
-    ``connect_timeout`` and ``read_timeout`` bound connecting and each read.
+    and "" (or no key in the environment) sends none. ``timeout`` bounds a whole completion,
+    retries included; ``connect_timeout`` and ``read_timeout`` bound connecting and each read;
+    ``retry`` says how a request that got 429, 5xx or no answer is retried.
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class OpenAIModel:
         read_timeout: float = 120.0,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         stream: bool = True,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if not model:
             raise ValueError("a default model is required: it is recorded on every model call")
@@ -81,14 +86,15 @@ class OpenAIModel:
             path = "/" + path
         self.url = base_url.rstrip("/") + path
         self._timeout = timeout
-        self._http_timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+        self._transport = ChatTransport(
+            timeouts=Timeouts(connect=connect_timeout, read=read_timeout, total=timeout), retry=retry
+        )
         self._max_response_bytes = max_response_bytes
         self._stream = stream
         self._headers = {"Content-Type": "application/json"}
         key = api_key_from_env()
         if auth_header and key:
             self._headers[auth_header] = f"Bearer {key}" if auth_header.lower() == "authorization" else key
-        self._client: httpx.AsyncClient | None = None
 
     async def complete(
         self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
@@ -96,6 +102,7 @@ class OpenAIModel:
         model = self.model if call.model in _DEFAULT_MODEL_ALIASES else call.model
         stream = self._stream and on_delta is not None
         body = build_request(call, model, stream=stream)
+        body.update(request_params(call.params))
         try:
             async with asyncio.timeout(self._timeout):
                 return await self._post(model, body, on_delta if stream else None)
@@ -107,19 +114,15 @@ class OpenAIModel:
             ) from exc
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._transport.aclose()
 
     async def _post(self, model: str, body: JSON, on_delta: DeltaCallback | None) -> harness_pb2.ModelResult:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._http_timeout)
         payload = json.dumps(body).encode()
         headers = {
             **self._headers,
             "Accept": "text/event-stream" if on_delta is not None else "application/json",
         }
-        async with self._client.stream("POST", self.url, content=payload, headers=headers) as response:
+        async with self._transport.post(self.url, payload, headers, model=model) as response:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > self._max_response_bytes:
                 raise self._too_large(model)

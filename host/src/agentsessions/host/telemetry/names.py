@@ -41,3 +41,10 @@ JOURNAL_LAST_SEQ: Final = "agentsessions.journal.last_seq"
 TOOL_IS_ERROR: Final = "agentsessions.tool.is_error"
 TURNS: Final = "agentsessions.turns"
 JOURNAL_APPEND_DURATION: Final = "agentsessions.journal.append.duration"
+
+# Model request retries (agentsessions.host.models.transport).
+MODEL_RETRIES: Final = "agentsessions.model.retries"
+MODEL_RETRY_EVENT: Final = "agentsessions.model.retry"
+MODEL_RETRY_ATTEMPT: Final = "agentsessions.model.retry.attempt"
+MODEL_RETRY_WAIT: Final = "agentsessions.model.retry.wait_s"
+MODEL_RETRY_AFTER: Final = "agentsessions.model.retry.retry_after"
