@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Final
 
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.controller.controller import Controller, CreateParams, ExecParams
+from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.controller.sessions import CreateParams
+from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
