@@ -17,6 +17,9 @@ from agentsessions.v1 import common_pb2
 class PrincipalAccess:
     """``SessionAccess`` from the call's authenticated principal; no principal, no access."""
 
+    def check_caller(self, call: CallContext) -> None:
+        _authenticated(call)
+
     def check_project(self, call: CallContext, project: str) -> None:
         principal = _authenticated(call)
         if not principal.may_use(project):

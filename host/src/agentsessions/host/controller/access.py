@@ -18,6 +18,11 @@ from agentsessions.v1 import common_pb2
 
 
 class SessionAccess(Protocol):
+    def check_caller(self, call: CallContext) -> None:
+        """Raise ``UnauthenticatedError`` when the call must carry a principal and does not
+        (before anything about a session is looked up for it)."""
+        ...
+
     def check_project(self, call: CallContext, project: str) -> None:
         """Raise ``PermissionDeniedError`` when the caller may not use ``project`` (or
         ``UnauthenticatedError`` when the call has no principal and one is required)."""
@@ -33,6 +38,9 @@ class SessionAccess(Protocol):
 
 class OpenAccess:
     """No authentication: every project is allowed and identities are provenance as given."""
+
+    def check_caller(self, call: CallContext) -> None:
+        return None
 
     def check_project(self, call: CallContext, project: str) -> None:
         return None

@@ -8,13 +8,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller import sessions
+from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ReplayDivergedError
-from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.reconstruct import reconstruct
-from agentsessions.host.controller.sessions import Sessions
-from agentsessions.host.controller.sinks import Recorded, SinkFactory
+from agentsessions.host.controller.sinks import Recorded
 from agentsessions.host.controller.state import was_cancelled
-from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2
 
@@ -33,70 +32,60 @@ class ReplayReport:
     served_model_calls: int = 0
 
 
-class Replays:
-    """A session's records, read back; and controller replay."""
-
-    def __init__(
-        self, store: JournalStore, sessions: Sessions, catalog: HarnessCatalog, sinks: SinkFactory
-    ) -> None:
-        self._store = store
-        self._sessions = sessions
-        self._catalog = catalog
-        self._sinks = sinks
-
-    async def records(
-        self, call: CallContext, uid: str, from_seq: int, to_seq: int
-    ) -> AsyncIterator[common_pb2.LogRecord]:
-        """The stored records ``from_seq..to_seq`` (0: to the head), verbatim, read in pages; none
-        for a session without a visible row."""
-        if not await self._sessions.visible(call, uid):
+async def records(
+    core: Core, call: CallContext, uid: str, from_seq: int, to_seq: int
+) -> AsyncIterator[common_pb2.LogRecord]:
+    """The stored records ``from_seq..to_seq`` (0: to the head), verbatim, read in pages; none for
+    a session without a visible row."""
+    if not await sessions.visible(core, call, uid):
+        return
+    seq = max(from_seq, 1)
+    while to_seq == 0 or seq <= to_seq:
+        upper = seq + RECORDS_PAGE - 1 if to_seq == 0 else min(seq + RECORDS_PAGE - 1, to_seq)
+        page = await core.store.read(uid, seq, upper)
+        for rec in page:
+            yield rec
+        if len(page) < upper - seq + 1:
             return
-        seq = max(from_seq, 1)
-        while to_seq == 0 or seq <= to_seq:
-            upper = seq + RECORDS_PAGE - 1 if to_seq == 0 else min(seq + RECORDS_PAGE - 1, to_seq)
-            page = await self._store.read(uid, seq, upper)
-            for rec in page:
-                yield rec
-            if len(page) < upper - seq + 1:
-                return
-            seq = upper + 1
+        seq = upper + 1
 
-    async def replay(self, call: CallContext, uid: str) -> ReplayReport:
-        """Re-run every completed execution against its recorded effects: zero model calls,
-        nothing written; divergence raises ReplayDivergedError."""
-        row = await self._sessions.row(call, uid)
-        events, executions = await self._sessions.read(row)
-        # A cancelled execution stopped wherever the Cancel found it: there is nothing to re-run.
-        completed = [
-            ex
-            for ex in executions
-            if ex.completed and not (ex.legacy and not ex.inputs) and not was_cancelled(events, ex)
-        ]
-        plans = [await reconstruct(self._catalog, row, ex, events) for ex in completed]
-        outputs: list[str] = []
-        calls = 0
-        served = 0
-        for ex, (start, resolved) in zip(completed, plans, strict=True):
-            recorded = Recorded.of(events, ex)
-            sink = self._sinks.replay(uid, start.execution_id, recorded)
-            try:
-                await resolved.harness.run(start, sink)
-            except ReplayDivergedError:
-                raise
-            except Exception as exc:
-                raise ReplayDivergedError(f"execution {ex.id}: harness failed on replay: {exc}") from exc
-            finally:
-                sink.close()
-            if sink.unconsumed():
-                raise ReplayDivergedError(
-                    f"execution {ex.id}: harness left {sink.unconsumed()} recorded effects unconsumed"
-                )
-            calls += sink.counters.model_calls
-            for eff in recorded.effects:
-                if eff.kind == "model":
-                    served += 1
-                    if eff.reply is not None:
-                        outputs.append(message_text(eff.reply.message))
-                elif eff.kind == "output":
-                    outputs.append(message_text(eff.call.message))
-        return ReplayReport(len(completed), outputs, calls, served)
+
+async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
+    """Re-run every completed execution against its recorded effects: zero model calls, nothing
+    written; divergence raises ReplayDivergedError."""
+    row = await sessions.row(core, call, uid)
+    events, executions = await sessions.read(core, row)
+    # A cancelled execution stopped wherever the Cancel found it: there is nothing to re-run.
+    completed = [
+        ex
+        for ex in executions
+        if ex.completed and not (ex.legacy and not ex.inputs) and not was_cancelled(events, ex)
+    ]
+    plans = [await reconstruct(core.catalog, row, ex, events) for ex in completed]
+    outputs: list[str] = []
+    calls = 0
+    served = 0
+    for ex, (start, resolved) in zip(completed, plans, strict=True):
+        recorded = Recorded.of(events, ex)
+        sink = core.sinks.replay(uid, start.execution_id, recorded)
+        try:
+            await resolved.harness.run(start, sink)
+        except ReplayDivergedError:
+            raise
+        except Exception as exc:
+            raise ReplayDivergedError(f"execution {ex.id}: harness failed on replay: {exc}") from exc
+        finally:
+            sink.close()
+        if sink.unconsumed():
+            raise ReplayDivergedError(
+                f"execution {ex.id}: harness left {sink.unconsumed()} recorded effects unconsumed"
+            )
+        calls += sink.counters.model_calls
+        for eff in recorded.effects:
+            if eff.kind == "model":
+                served += 1
+                if eff.reply is not None:
+                    outputs.append(message_text(eff.reply.message))
+            elif eff.kind == "output":
+                outputs.append(message_text(eff.call.message))
+    return ReplayReport(len(completed), outputs, calls, served)

@@ -13,26 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import compute
-from agentsessions.host.controller.approvals import Approvals
-from agentsessions.host.controller.drive import Driver, settled
+from agentsessions.host.controller import approvals, compute, recovery, sessions
+from agentsessions.host.controller.core import Core
+from agentsessions.host.controller.drive import settled
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
     DeadlineExceededError,
     FailedPreconditionError,
 )
-from agentsessions.host.controller.guard import SessionGuards
-from agentsessions.host.controller.harnesses import HarnessCatalog, ResolvedHarness, describe_placed
-from agentsessions.host.controller.recovery import Recovery
-from agentsessions.host.controller.sessions import CreateParams, Sessions
-from agentsessions.host.controller.sinks import SinkFactory
+from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
-from agentsessions.host.controller.writer import JournalWriter
-from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.journal.store import SessionRow
 from agentsessions.sdk.harness import Start
 from agentsessions.v1 import common_pb2, session_pb2
 
@@ -72,19 +68,19 @@ class Relay:
 class Turn:
     """An admitted Exec: :meth:`run` streams its records, deltas and (after a park) the session."""
 
+    core: Core
     call: CallContext
     params: ExecParams
     view: SessionView  # the session at admission (the stream's first frame)
     resolved: ResolvedHarness
     recovery: Gate | None  # the approval gate an inputless Exec recovers
     events: list[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
-    execute: Callable[[Turn, Relay], Awaitable[SessionView | None]]
 
     async def run(self) -> AsyncIterator[Update]:
         relay = Relay()
 
         async def work() -> None:
-            ending = await self.execute(self, relay)
+            ending = await _execute(self, relay)
             if ending is not None:
                 relay.queue.put_nowait(ending)
 
@@ -103,134 +99,102 @@ class Turn:
                 await settled(task)
 
 
-class Turns:
-    """Admits Execs and runs their turns."""
-
-    def __init__(
-        self,
-        store: JournalStore,
-        sessions: Sessions,
-        catalog: HarnessCatalog,
-        guards: SessionGuards,
-        writer: JournalWriter,
-        sinks: SinkFactory,
-        driver: Driver,
-        approvals: Approvals,
-        recovery: Recovery,
-        *,
-        new_id: Callable[[], str],
-    ) -> None:
-        self._store = store
-        self._sessions = sessions
-        self._catalog = catalog
-        self._guards = guards
-        self._writer = writer
-        self._sinks = sinks
-        self._driver = driver
-        self._approvals = approvals
-        self._recovery = recovery
-        self._new_id = new_id
-
-    @contextlib.asynccontextmanager
-    async def admit(self, call: CallContext, p: ExecParams) -> AsyncIterator[Turn]:
-        """Route an Exec; errors raised here precede any frame. The session is guarded while the
-        returned turn is alive."""
-        if p.deadline_unix > 0 and time.time() >= p.deadline_unix:
-            raise DeadlineExceededError(f"deadline_unix {p.deadline_unix} has already passed")
-        if p.session:
-            row = await self._sessions.row(call, p.session)
-            resolved = await self._route(row, p.harness)
-        else:
-            created = await self._sessions.create(call, CreateParams(harness=p.harness))
-            row = created.row
-            resolved = await self._catalog.resolve(row.harness)
-        events, executions = await self._sessions.read(row)
-        gate = open_gate(events, executions)
-        if gate is not None and p.inputs:
-            raise FailedPreconditionError(
-                f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
-                f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
-            )
-        async with self._guards.hold(row.uid):
-            # Taking the guard did not yield: the journal read above is still this host's latest
-            # (another host's write is caught by the fence mint and the append, both CAS).
-            view = await self._sessions.view(row, (events, executions))
-            yield Turn(call, p, view, resolved, gate, events, self._execute)
-
-    async def _route(self, row: SessionRow, override: str) -> ResolvedHarness:
-        if not override or override == row.harness:
-            return await self._catalog.resolve(row.harness)
-        if not self._catalog.is_static(row.harness):
-            raise FailedPreconditionError(
-                f"session {row.uid} is pinned to registered harness {row.harness!r}; it cannot be overridden"
-            )
-        resolved = await self._catalog.resolve(override)
-        if resolved.registered:
-            raise FailedPreconditionError(
-                f"harness override {override!r} is a registered harness; "
-                "overrides are between static harnesses only"
-            )
-        return resolved
-
-    async def _execute(self, turn: Turn, relay: Relay) -> SessionView | None:
-        """The admitted turn; the session when the stream must end with it (a park, or the end
-        of a recovery)."""
-        p, row, resolved = turn.params, turn.view.row, turn.resolved
-        desc = await describe_placed(resolved)
-        if turn.recovery is not None:
-            return await self._recover(turn, relay)
-        # As read at admission: the guard has kept this host's writers out since.
-        events = turn.events
-        expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
-        history = list(events)
-        await compute.attach(resolved, row.uid)
-        execution_id = self._new_id()
-        start_event = common_pb2.Event(
-            execution_id=execution_id,
-            kind=K.EVENT_EXECUTION_START,
-            execution_start=common_pb2.ExecutionStart(
-                config=p.config,
-                resume_from_seq=p.resume_from_seq,
-                input_count=len(p.inputs),
-                harness=resolved.name,
-                harness_version=desc.version,
-            ),
+@contextlib.asynccontextmanager
+async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[Turn]:
+    """Route an Exec; errors raised here precede any frame. The session is guarded while the
+    returned turn is alive."""
+    if p.deadline_unix > 0 and time.time() >= p.deadline_unix:
+        raise DeadlineExceededError(f"deadline_unix {p.deadline_unix} has already passed")
+    if p.session:
+        row = await sessions.row(core, call, p.session)
+        resolved = await _route(core, row, p.harness)
+    else:
+        created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
+        row = created.row
+        resolved = await core.catalog.resolve(row.harness)
+    events, executions = await sessions.read(core, row)
+    gate = open_gate(events, executions)
+    if gate is not None and p.inputs:
+        raise FailedPreconditionError(
+            f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
+            f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
         )
-        inputs = [
-            common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs
-        ]
-        # The incarnation's fence is minted by its first append, in the same transaction: one
-        # durable commit, and only the writer that wins the head supersedes the one before it.
-        records = await self._writer.append(row.uid, [start_event, *inputs], expected, 0, mint_fence=True)
-        for rec in records:
-            await relay.record(rec)
-        start = Start(
-            session=row.uid,
-            execution_id=execution_id,
-            inputs=list(p.inputs),
-            history=history,
+    async with core.guards.hold(row.uid):
+        # Taking the guard did not yield: the journal read above is still this host's latest
+        # (another host's write is caught by the fence mint and the append, both CAS).
+        view = await sessions.view(core, row, (events, executions))
+        yield Turn(core, call, p, view, resolved, gate, events)
+
+
+async def _route(core: Core, row: SessionRow, override: str) -> ResolvedHarness:
+    if not override or override == row.harness:
+        return await core.catalog.resolve(row.harness)
+    if not core.catalog.is_static(row.harness):
+        raise FailedPreconditionError(
+            f"session {row.uid} is pinned to registered harness {row.harness!r}; it cannot be overridden"
+        )
+    resolved = await core.catalog.resolve(override)
+    if resolved.registered:
+        raise FailedPreconditionError(
+            f"harness override {override!r} is a registered harness; "
+            "overrides are between static harnesses only"
+        )
+    return resolved
+
+
+async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
+    """The admitted turn; the session when the stream must end with it (a park, or the end of a
+    recovery)."""
+    core, p, row, resolved = turn.core, turn.params, turn.view.row, turn.resolved
+    desc = await describe_placed(resolved)
+    if turn.recovery is not None:
+        return await _recover(turn, turn.recovery, relay)
+    # As read at admission: the guard has kept this host's writers out since.
+    events = turn.events
+    expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
+    history = list(events)
+    await compute.attach(resolved, row.uid)
+    execution_id = core.new_id()
+    start_event = common_pb2.Event(
+        execution_id=execution_id,
+        kind=K.EVENT_EXECUTION_START,
+        execution_start=common_pb2.ExecutionStart(
             config=p.config,
             resume_from_seq=p.resume_from_seq,
-        )
-        writer = self._writer.for_execution(row.uid, records[0].fence, records[-1].seq, relay.record)
-        sink = self._sinks.live(row, execution_id, writer, relay.delta)
-        parked = await self._driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
-        return await self._sessions.look(turn.call, row.uid) if parked is not None else None
+            input_count=len(p.inputs),
+            harness=resolved.name,
+            harness_version=desc.version,
+        ),
+    )
+    inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
+    # The incarnation's fence is minted by its first append, in the same transaction: one durable
+    # commit, and only the writer that wins the head supersedes the one before it.
+    records = await core.writer.append(row.uid, [start_event, *inputs], expected, 0, mint_fence=True)
+    for rec in records:
+        await relay.record(rec)
+    start = Start(
+        session=row.uid,
+        execution_id=execution_id,
+        inputs=list(p.inputs),
+        history=history,
+        config=p.config,
+        resume_from_seq=p.resume_from_seq,
+    )
+    writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
+    sink = core.sinks.live(row, execution_id, writer, relay.delta)
+    parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
+    return await sessions.look(core, turn.call, row.uid) if parked is not None else None
 
-    async def _recover(self, turn: Turn, relay: Relay) -> SessionView:
-        """An inputless Exec on an approval-bearing turn: decide what the host may, then re-drive
-        the turn from the journal; the session as it ends (paused again, parked, or done)."""
-        p, row, gate = turn.params, turn.view.row, turn.recovery
-        assert gate is not None
-        if p.expected_last_seq is not None:
-            head = await self._store.head(row.uid)
-            if head.seq != p.expected_last_seq:
-                raise ConcurrencyError(
-                    f"expected_last_seq {p.expected_last_seq} does not match head {head.seq}"
-                )
-        execution = await self._approvals.unblock(row, gate, on_record=relay.record)
-        if execution is not None:
-            await self._recovery.redrive(
-                row, execution, "create", on_record=relay.record, on_delta=relay.delta
-            )
-        return await self._sessions.look(turn.call, row.uid)
+
+async def _recover(turn: Turn, gate: Gate, relay: Relay) -> SessionView:
+    """An inputless Exec on an approval-bearing turn: decide what the host may, then re-drive the
+    turn from the journal; the session as it ends (paused again, parked, or done)."""
+    core, p, row = turn.core, turn.params, turn.view.row
+    if p.expected_last_seq is not None:
+        head = await core.store.head(row.uid)
+        if head.seq != p.expected_last_seq:
+            raise ConcurrencyError(f"expected_last_seq {p.expected_last_seq} does not match head {head.seq}")
+    execution = await approvals.unblock(core, row, gate, on_record=relay.record)
+    if execution is not None:
+        await recovery.redrive(core, row, execution, "create", on_record=relay.record, on_delta=relay.delta)
+    return await sessions.look(core, turn.call, row.uid)

@@ -8,6 +8,7 @@ extends the journal cache, so the next read of the session costs nothing.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from agentsessions.host.controller.errors import ConcurrencyError
 from agentsessions.host.controller.journal_cache import JournalCache
@@ -28,21 +29,15 @@ class JournalWriter:
         self._cache = cache
 
     async def append(
-        self,
-        uid: str,
-        events: Sequence[common_pb2.Event],
-        expected_head: int,
-        fence: int,
-        *,
-        mint_fence: bool = False,
+        self, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int, *, mint_fence: bool = False
     ) -> list[common_pb2.LogRecord]:
-        """Append ``events`` at ``expected_head`` under ``fence`` (or, with ``mint_fence``, under
-        a fence minted in the same transaction); ConcurrencyError when another writer won."""
+        """Append ``events`` after record ``head`` under ``fence`` (or, with ``mint_fence``, under a
+        fence minted in the same transaction); ConcurrencyError when another writer won the head."""
         normalized = [canon.normalize_event(e) for e in events]
         try:
             with journal_append(uid, len(normalized)) as span:
                 records = await self._store.append(
-                    uid, normalized, expected_head=expected_head, fence=fence, mint_fence=mint_fence
+                    uid, normalized, expected_head=head, fence=fence, mint_fence=mint_fence
                 )
                 span.wrote(records)
         except ConflictError as exc:
@@ -76,42 +71,22 @@ class JournalWriter:
             await on_record(rec)
         return rec
 
-    def for_execution(
-        self,
-        uid: str,
-        fence: int,
-        head: int,
-        on_record: OnRecord | None,
-        *,
-        strip_execution_id: bool = False,
-    ) -> ExecutionWriter:
-        """The writer of one execution that starts appending at ``head``."""
-        return ExecutionWriter(self, uid, fence, head, on_record, strip_execution_id)
 
-
+@dataclass
 class ExecutionWriter:
     """Appends one execution's records in order, each extending the previous one (CAS)."""
 
-    def __init__(
-        self,
-        journal: JournalWriter,
-        uid: str,
-        fence: int,
-        head: int,
-        on_record: OnRecord | None,
-        strip_execution_id: bool,
-    ) -> None:
-        self._journal = journal
-        self.uid = uid
-        self.fence = fence
-        self.head = head
-        self.on_record = on_record
-        self._strip = strip_execution_id
+    journal: JournalWriter
+    uid: str
+    fence: int
+    head: int  # the execution's last record so far
+    on_record: OnRecord | None = None
+    strip_execution_id: bool = False  # legacy turns stay id-less in the journal
 
     async def append(self, event: common_pb2.Event) -> common_pb2.LogRecord:
-        if self._strip:
-            event.execution_id = ""  # legacy turns stay id-less in the journal
-        (rec,) = await self._journal.append(self.uid, [event], self.head, self.fence)
+        if self.strip_execution_id:
+            event.execution_id = ""
+        (rec,) = await self.journal.append(self.uid, [event], self.head, self.fence)
         self.head = rec.seq
         if self.on_record is not None:
             await self.on_record(rec)
@@ -119,4 +94,4 @@ class ExecutionWriter:
 
     async def marker(self, lifecycle: common_pb2.Lifecycle) -> common_pb2.LogRecord:
         """A lifecycle marker after the execution's records, under its fence."""
-        return await self._journal.marker(self.uid, self.fence, lifecycle, self.on_record)
+        return await self.journal.marker(self.uid, self.fence, lifecycle, self.on_record)

@@ -18,11 +18,12 @@ from grpc import aio
 
 from agentsessions.host import callcontext
 from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.errors import ControllerError, InvalidArgumentError
-from agentsessions.host.controller.sessions import CreateParams
+from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.turns import ExecParams
-from agentsessions.host.journal.store import StoreError
+from agentsessions.host.journal.store import SessionRow, StoreError
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
@@ -87,8 +88,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, call: CallContext
     ) -> session_pb2.Session:
-        params = _create_params(request.session)
-        return session_proto(await self.controller.create_session(params, call=call))
+        requested = _requested_row(request.session)
+        return session_proto(await self.controller.create_session(requested, call=call))
 
     @_unary
     async def GetSession(
@@ -150,16 +151,15 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         if not request.HasField("approved"):
             raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
         v.bounded("reason", request.reason, v.MAX_VALUE)
-        view, record = await self.controller.approve(
-            uid,
+        decision = Decision(
             request.execution_id,
             request.tool_call_id,
             request.request_seq,
             request.approved,
             request.reason,
             request.identity if request.HasField("identity") else None,
-            call=call,
         )
+        view, record = await self.controller.approve(uid, decision, call=call)
         return session_pb2.ApproveResponse(session=session_proto(view), decision=record)
 
     @_unary
@@ -188,13 +188,13 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         labels = v.string_map("labels", request.labels)
         for i, name in enumerate(request.child_names):
             v.bounded(f"child_names[{i}]", name)
-        children = await self.controller.fork(
-            uid, request.at_seq, request.count, list(request.child_names), labels, call=call
-        )
+        params = ForkParams(request.at_seq, request.count, list(request.child_names), labels)
+        children = await self.controller.fork(uid, params, call=call)
         return session_pb2.ForkResponse(children=[session_proto(c) for c in children])
 
 
-def _create_params(s: session_pb2.Session) -> CreateParams:
+def _requested_row(s: session_pb2.Session) -> SessionRow:
+    """What the caller may set on a new session, as a row without uid (the host assigns it)."""
     if s.metadata.uid:
         raise InvalidArgumentError("session.metadata.uid", "is assigned by the host; leave it empty")
     for name in ("last_seq", "parent_uid", "fork_seq"):
@@ -202,7 +202,8 @@ def _create_params(s: session_pb2.Session) -> CreateParams:
             raise InvalidArgumentError(f"session.{name}", "is derived by the host; leave it unset")
     if s.HasField("compute") or s.HasField("pending_approval"):
         raise InvalidArgumentError("session.compute", "is derived by the host; leave it unset")
-    return CreateParams(
+    return SessionRow(
+        uid="",
         project=v.bounded("session.metadata.project", s.metadata.project),
         name=v.bounded("session.metadata.name", s.metadata.name),
         harness=v.harness_name("session.harness", s.harness),
