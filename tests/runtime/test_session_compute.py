@@ -104,6 +104,25 @@ async def test_resume_restores_the_session_own_snapshot_not_an_inherited_one() -
         assert runtime.calls[-1] == ("restore", child)
 
 
+async def test_a_runtime_remembers_only_its_most_recently_attached_sessions() -> None:
+    runtime = InProcessRuntime(EchoHarness())
+    runtime.max_sessions = 2
+    for uid in ("sess-a", "sess-b", "sess-c"):
+        await runtime.create(uid)
+    assert [await runtime.status(u) for u in ("sess-a", "sess-b", "sess-c")] == [
+        session_pb2.COMPUTE_NONE,
+        LIVE,
+        LIVE,
+    ]
+    await runtime.create("sess-b")  # attached again: now the most recent
+    await runtime.snapshot("sess-d")
+    assert [await runtime.status(u) for u in ("sess-b", "sess-c", "sess-d")] == [
+        LIVE,
+        session_pb2.COMPUTE_NONE,
+        COLD,
+    ]
+
+
 async def exec_on(host: ServedApp, uid: str) -> list[str]:
     request = session_pb2.ExecRequest(session=uid, inputs=[text_input("hi")])
     updates = [u async for u in host.sessions.Exec(request, timeout=CALL_TIMEOUT_S)]
