@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from agentsessions.host.controller.errors import SessionBusyError
@@ -38,13 +39,11 @@ class SessionGuards:
         slot = self._slots.get(uid)
         return slot is not None and slot.lock.locked()
 
-    @contextlib.asynccontextmanager
-    async def hold(self, uid: str) -> AsyncIterator[None]:
+    def hold(self, uid: str) -> AbstractAsyncContextManager[None]:
         """Hold the session's guard; SessionBusyError when another operation holds it."""
         if self.busy(uid):
             raise SessionBusyError(uid)
-        async with self._using(uid) as slot, slot.lock:
-            yield
+        return _Held(self, uid)
 
     @contextlib.asynccontextmanager
     async def hold_when_free(self, uid: str) -> AsyncIterator[None]:
@@ -62,11 +61,45 @@ class SessionGuards:
 
     @contextlib.asynccontextmanager
     async def _using(self, uid: str) -> AsyncIterator[_Slot]:
-        slot = self._slots.setdefault(uid, _Slot())
-        slot.users += 1
+        slot = self.enter(uid)
         try:
             yield slot
         finally:
-            slot.users -= 1
-            if slot.users == 0:
-                del self._slots[uid]
+            self.leave(uid, slot)
+
+    def enter(self, uid: str) -> _Slot:
+        """Count a holder or waiter of ``uid``'s slot (made when there is none)."""
+        slot = self._slots.get(uid)
+        if slot is None:
+            slot = self._slots[uid] = _Slot()
+        slot.users += 1
+        return slot
+
+    def leave(self, uid: str, slot: _Slot) -> None:
+        """The holder or waiter is gone; the slot goes with its last one."""
+        slot.users -= 1
+        if slot.users == 0:
+            del self._slots[uid]
+
+
+class _Held:
+    """Holding one session's guard (every Exec takes one: a class, not a generator, for its cost)."""
+
+    def __init__(self, guards: SessionGuards, uid: str) -> None:
+        self._guards = guards
+        self._uid = uid
+        self._slot: _Slot | None = None
+
+    async def __aenter__(self) -> None:
+        slot = self._slot = self._guards.enter(self._uid)
+        try:
+            await slot.lock.acquire()
+        except BaseException:
+            self._guards.leave(self._uid, slot)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        slot = self._slot
+        assert slot is not None
+        slot.lock.release()
+        self._guards.leave(self._uid, slot)
