@@ -238,7 +238,8 @@ class ProcessRuntime(JournalBackedRuntime):
         """Stop the process: SIGTERM, then SIGKILL once ``grace`` has passed; no restarts after."""
         self._closing = True
         await self._notify()
-        await self._stop_generation(self._process)
+        async with self._transition:  # a wake in progress finishes first, then is stopped here
+            await self._stop_generation(self._process)
         for link in list(self._retired):
             if link.runs == 0:
                 await self._close_link(link)
