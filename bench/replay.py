@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Final
 
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.controller.controller import Controller, CreateParams, ExecParams
+from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.journal import open_store
-from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.sdk.harness import text_message
 
@@ -42,7 +43,7 @@ async def _build(path: str, turns: int) -> str:
     store = await open_store(path, synchronous="OFF")
     try:
         controller = _controller(store)
-        view = await controller.create_session(CreateParams(harness="echo"))
+        view = await controller.create_session(SessionRow(uid="", project="", harness="echo"))
         uid = view.row.uid
         for i in range(turns):
             params = ExecParams(session=uid, inputs=[text_message("user", f"turn {i}")])

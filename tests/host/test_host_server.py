@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agentsessions.host import server
-from agentsessions.host.app import App, Service
+from agentsessions.host.app import App, Service, StartupError
 from agentsessions.host.config import HostConfig
 from agentsessions.v1 import harness_registry_pb2, harness_registry_pb2_grpc
 
@@ -184,7 +184,7 @@ async def test_a_failed_start_releases_the_listener_that_started_and_closes_the_
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = f"127.0.0.1:{squatter.getsockname()[1]}"
-        with pytest.raises(server.StartupError, match=f"cannot listen on {taken}"):
+        with pytest.raises(StartupError, match=f"cannot listen on {taken}"):
             await asyncio.wait_for(
                 server.serve(HostConfig(listen=listen, journal="memory:", registry_addr=taken)), 60
             )

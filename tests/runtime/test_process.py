@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from agentsessions.host import server
+from agentsessions.host import app, server
 from agentsessions.host.config import HostConfig
 from agentsessions.host.logs import JsonFormatter
 from agentsessions.host.runtime import ProcessRuntime
@@ -207,7 +207,7 @@ async def test_a_harness_process_that_cannot_start_fails_host_startup_with_its_e
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        with pytest.raises(server.StartupError) as failed:
+        with pytest.raises(app.StartupError) as failed:
             await server.serve(
                 HostConfig(
                     listen="127.0.0.1:0",

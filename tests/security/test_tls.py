@@ -12,9 +12,9 @@ import pytest
 
 from agentsessions.client import SessionsClient, tls_credentials
 from agentsessions.harnesses.echo import EchoHarness
+from agentsessions.host.app import StartupError
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.harnesslink import HarnessUnavailableError, RemoteHarness
-from agentsessions.host.server import StartupError
 from agentsessions.sdk import cli as harness_cli
 from agentsessions.sdk.server import start_server
 from agentsessions.sdk.tls import ClientTLS, ServerTLS, TLSFilesError, open_channel

@@ -340,8 +340,24 @@ async def test_overlapping_exec_on_one_session_is_aborted(store: JournalStore) -
         assert err.value.code() == grpc.StatusCode.ABORTED
         running = await host.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid))
         assert running.exec_state == session_pb2.EXEC_RUNNING
+        assert len(host.controller.guards) == 1  # the running turn's session
         gate.release.set()
         assert kinds(records(await first))[-1] == "EVENT_END"
+        assert len(host.controller.guards) == 0
+
+
+async def test_the_guard_table_holds_only_sessions_in_use(store: JournalStore) -> None:
+    """Every operation releases its session's guard entry when it ends, so the table does not
+    grow with the sessions a host has served (only DeleteSession used to shrink it)."""
+    async with running_host(store) as host:
+        uids = [(await new_session(host, harness="echo")).metadata.uid for _ in range(20)]
+        for uid in uids:
+            await host.exec(say(uid, "hi"))
+            await host.sessions.Suspend(session_pb2.SuspendRequest(session=uid))
+            await host.sessions.Resume(session_pb2.ResumeRequest(session=uid))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await host.sessions.Resume(session_pb2.ResumeRequest(session="sess-unknown"))
+        assert len(host.controller.guards) == 0
 
 
 async def test_past_deadline_is_deadline_exceeded(host: HostUnderTest) -> None:

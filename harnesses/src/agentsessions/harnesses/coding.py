@@ -63,7 +63,7 @@ from agentsessions.harnesses.coding_tools import (
     run_workspace_tool,
 )
 from agentsessions.sdk.cli import serve_main
-from agentsessions.sdk.harness import EventSink, Start, text_message
+from agentsessions.sdk.harness import EventSink, Start, message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2
 
 MODES = ("plan", "ask-before", "allow-edits", "auto")
@@ -227,7 +227,7 @@ def conversation(start: Start, system_prompt: str) -> list[common_pb2.Message]:
         if event.kind == common_pb2.EVENT_INPUT:
             messages.append(event.message)
         elif event.kind == common_pb2.EVENT_OUTPUT:
-            text = "".join(p.text.text for p in event.message.parts if p.WhichOneof("part") == "text")
+            text = message_text(event.message)
             if text:
                 messages.append(text_message(event.message.role or "assistant", text))
     messages.extend(start.inputs)

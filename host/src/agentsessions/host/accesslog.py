@@ -9,7 +9,8 @@ no service serves are answered UNIMPLEMENTED here, so they get a request id and 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,7 @@ import grpc
 from grpc import aio
 
 from agentsessions.host import logs, requestid
+from agentsessions.host.interception import around_handler
 
 log = logging.getLogger("agentsessions.host.rpc")
 
@@ -33,87 +35,26 @@ class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         request_id = requestid.from_metadata(handler_call_details.invocation_metadata)
         handler = await continuation(handler_call_details)
         if handler is None:
-            return grpc.stream_stream_rpc_method_handler(_unknown_method(method, request_id))
-        return _wrap(handler, method, request_id)
+            handler = grpc.stream_stream_rpc_method_handler(_unimplemented(method))
+        return around_handler(handler, functools.partial(_logged, method, request_id))
 
 
-def _wrap(handler: grpc.RpcMethodHandler, method: str, request_id: str) -> grpc.RpcMethodHandler:
-    codec = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            _unary_response(handler.unary_unary, method, request_id), **codec
-        )
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            _unary_response(handler.stream_unary, method, request_id), **codec
-        )
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            _stream_response(handler.unary_stream, method, request_id), **codec
-        )
-    return grpc.stream_stream_rpc_method_handler(
-        _stream_response(handler.stream_stream, method, request_id), **codec
-    )
+@contextlib.asynccontextmanager
+async def _logged(method: str, request_id: str, context: aio.ServicerContext) -> AsyncIterator[None]:
+    """Bind the request id, run the call, and log its line however it ends."""
+    call = _Call(method, request_id, context)
+    try:
+        yield
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    finally:
+        call.log()
 
 
-Behavior = Callable[[Any, Any], Any]
-
-
-def _unary_response(behavior: Behavior, method: str, request_id: str) -> Behavior:
-    async def serve(request: Any, context: aio.ServicerContext) -> Any:
-        call = _Call(method, request_id, context)
-        try:
-            result = behavior(request, context)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        finally:
-            call.log()
-
-    return serve
-
-
-def _stream_response(behavior: Behavior, method: str, request_id: str) -> Behavior:
-    async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-        call = _Call(method, request_id, context)
-        try:
-            responses = behavior(request, context)
-            if inspect.isawaitable(responses):
-                # A handler that writes with context.write() and returns nothing.
-                responses = await responses
-            if hasattr(responses, "__aiter__"):
-                async for response in responses:
-                    yield response
-            elif responses is not None:
-                for response in responses:
-                    yield response
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        finally:
-            call.log()
-
-    return serve
-
-
-def _unknown_method(method: str, request_id: str) -> Behavior:
+def _unimplemented(method: str) -> Callable[[Any, aio.ServicerContext], Awaitable[None]]:
     async def serve(requests: Any, context: aio.ServicerContext) -> None:
-        call = _Call(method, request_id, context)
-        try:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED, f"{method.lstrip('/')} is not served by this host"
-            )
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        finally:
-            call.log()
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method.lstrip('/')} is not served by this host")
 
     return serve
 

@@ -41,6 +41,11 @@ from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
 
 
+class StartupError(Exception):
+    """The host could not start serving (a harness process that cannot start, a bad token file,
+    the listen address taken, ...)."""
+
+
 @dataclass(frozen=True)
 class Service:
     """One gRPC service: its full name (for reflection and health) and how to add it to a server."""
@@ -167,9 +172,6 @@ async def build_app(config: HostConfig) -> App:
         controller = await build_controller(config, app, access=access)
     except (HarnessProcessError, AuthFileError, ConfigError) as exc:
         await app.close()
-        # Imported here: the server module imports this one.
-        from agentsessions.host.server import StartupError
-
         raise StartupError(str(exc)) from exc
     sessions_servicer = sessions.SessionsServicer(controller)
     app.services.append(

@@ -15,8 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict, cast
 
+from agentsessions.host import addresses
+from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.host.models import openai
 from agentsessions.host.models.transport import RetryPolicy
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
@@ -26,8 +29,9 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_JOURNAL = "agentsessions.db"
 DEFAULT_PROJECT = "default"
 DEFAULT_DRAIN_GRACE_SECONDS = 10.0
-DEFAULT_MODEL_BASE_URL = "https://api.openai.com/v1"
-DEFAULT_MODEL_PATH = "/chat/completions"
+# The provider's own defaults (agentsessions.host.models.openai), so a flag's help and default match it.
+DEFAULT_MODEL_BASE_URL = openai.DEFAULT_BASE_URL
+DEFAULT_MODEL_PATH = openai.DEFAULT_PATH
 DEFAULT_MODEL_AUTH_HEADER = "Authorization"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -37,9 +41,6 @@ OTEL_EXPORTERS = ("none", "console", "otlp")
 # Names the host always serves itself; a remote harness may not take them.
 RESERVED_HARNESS_NAMES = frozenset({"echo", "chat", "counter"})
 
-# Provider key variables, first match wins.
-MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
-
 JournalKind = Literal["memory", "sqlite", "postgres"]
 LogFormat = Literal["text", "json"]
 OtelExporter = Literal["none", "console", "otlp"]
@@ -48,7 +49,6 @@ OtelExporter = Literal["none", "console", "otlp"]
 _HARNESS_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
-_HOSTNAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*")
 
 
 class ConfigError(ValueError):
@@ -217,7 +217,7 @@ class HostConfig:
             model_base_url=pick("model_base_url", DEFAULT_MODEL_BASE_URL),
             model_path=pick("model_path", DEFAULT_MODEL_PATH),
             model_auth_header=pick("model_auth_header", DEFAULT_MODEL_AUTH_HEADER),
-            model_api_key=next((environ[v] for v in MODEL_API_KEY_VARIABLES if environ.get(v)), ""),
+            model_api_key=openai.api_key_from_env(environ),
             tool_executors=_split(
                 getattr(args, "tool_executor", None) or [], environ.get(ENV_PREFIX + "TOOL_EXECUTOR")
             ),
@@ -429,7 +429,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-auth-header",
         metavar="HEADER",
-        help=f"header carrying the key from ${MODEL_API_KEY_VARIABLES[0]}; "
+        help=f"header carrying the key from ${openai.KEY_ENV_VARS[0]}; "
         f"Authorization sends 'Bearer <key>' "
         f"(env {env}MODEL_AUTH_HEADER; default {DEFAULT_MODEL_AUTH_HEADER})",
     )
@@ -500,96 +500,36 @@ def check_harness_target(name: str, target: str) -> None:
 
 
 def check_harness_address(flag: str, address: str) -> None:
-    """Accept the address forms a host dials: host:port, dns:///h:p, dns://resolver/h:p, unix:path, unix:///abs."""
-    rule = "expected host:port, dns:///host:port, dns://resolver/host:port, unix:path or unix:///abs/path"
-    if address.startswith("unix:"):
-        path = address.removeprefix("unix:")
-        if path.startswith("//"):
-            path = path.removeprefix("//")
-            if not path.startswith("/") or len(path) < 2:
-                raise ConfigError(f"{flag} address {address!r}: unix:// needs an absolute path; {rule}")
-        elif not path:
-            raise ConfigError(f"{flag} address {address!r} has no socket path; {rule}")
-        return
-    if address.startswith("dns:"):
-        rest = address.removeprefix("dns:")
-        if not rest.startswith("//"):
-            raise ConfigError(f"{flag} address {address!r}: {rule}")
-        authority, slash, target = rest.removeprefix("//").partition("/")
-        if not slash:
-            raise ConfigError(f"{flag} address {address!r}: {rule}")
-        if authority:
-            _check_host_port(flag, address, authority, rule, port_required=False)
-        _check_host_port(flag, address, target, rule, port_required=True)
-        return
-    _check_host_port(flag, address, address, rule, port_required=True)
+    """The harness address rules (agentsessions.host.addresses), named after ``flag``."""
+    try:
+        addresses.check_harness_address(address)
+    except AddressError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def check_listen_address(flag: str, address: str) -> None:
-    rule = "expected host:port (port 0 picks a free one), unix:path or unix:///abs/path"
-    if address.startswith("unix:"):
-        check_harness_address(flag, address)
-        return
-    _check_host_port(flag, address, address, rule, port_required=True, allow_port_zero=True)
+    try:
+        addresses.check_listen_address(address)
+    except AddressError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def check_registry_address(address: str, listen: str) -> None:
     """The registry is an unauthenticated admin API: a literal loopback IP:port, never the Sessions port."""
     rule = "expected a literal loopback IP:port such as 127.0.0.1:50052"
-    host, port = _split_host_port("--registry-addr", address, rule)
     try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError(f"--registry-addr {address!r}: {host!r} is not a literal IP; {rule}") from None
-    if not ip.is_loopback:
-        raise ConfigError(f"--registry-addr {address!r} is not a loopback address; {rule}")
-    _check_port("--registry-addr", address, port, rule, allow_zero=False)
+        host, port = addresses.split_host_port(address)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise AddressError(f"{host!r} is not a literal IP") from None
+        if not ip.is_loopback:
+            raise AddressError("it is not a loopback address")
+        addresses.check_port(port)
+    except AddressError as exc:
+        raise ConfigError(f"--registry-addr {address!r}: {exc}; {rule}") from None
     if address == listen:
         raise ConfigError(f"--registry-addr {address!r} must differ from --listen")
-
-
-def _split_host_port(flag: str, address: str, rule: str) -> tuple[str, str]:
-    """Split ``host:port`` or ``[ipv6]:port``; an IPv6 host must be bracketed."""
-    if address.startswith("["):
-        host, bracket, rest = address[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ConfigError(f"{flag} {address!r}: {rule}")
-        return host, rest[1:]
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"{flag} {address!r} needs host:port; {rule}")
-    if ":" in host:
-        raise ConfigError(f"{flag} {address!r}: an IPv6 host goes in brackets, [::1]:port; {rule}")
-    return host, port
-
-
-def _check_host_port(
-    flag: str,
-    address: str,
-    host_port: str,
-    rule: str,
-    *,
-    port_required: bool,
-    allow_port_zero: bool = False,
-) -> None:
-    if port_required or host_port.startswith("[") or host_port.count(":") == 1:
-        host, port = _split_host_port(flag, host_port, rule)
-        _check_port(flag, address, port, rule, allow_zero=allow_port_zero)
-    else:
-        host = host_port
-    try:
-        ipaddress.ip_address(host)
-        return
-    except ValueError:
-        pass
-    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
-        raise ConfigError(f"{flag} {address!r}: {host!r} is not a host name or IP; {rule}")
-
-
-def _check_port(flag: str, address: str, port: str, rule: str, *, allow_zero: bool) -> None:
-    lowest = 0 if allow_zero else 1
-    if not port.isdigit() or not lowest <= int(port) <= 65535:
-        raise ConfigError(f"{flag} {address!r}: port {port!r} must be {lowest}..65535; {rule}")
 
 
 # -- the model provider's timeouts and retries (agentsessions.host.models.transport) -------------

@@ -22,6 +22,7 @@ from agentsessions.host.coding_demo import coding_walkthrough
 from agentsessions.host.config import HostConfig
 from agentsessions.host.journal import canon
 from agentsessions.host.server import serve
+from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2, session_pb2
 
 K = common_pb2.EventKind
@@ -33,7 +34,7 @@ def describe(record: common_pb2.LogRecord) -> str:
     detail = ""
     body = ev.WhichOneof("body")
     if body == "message":
-        detail = repr("".join(p.text.text for p in ev.message.parts))
+        detail = repr(message_text(ev.message))
     elif body == "execution_start":
         detail = f"harness={ev.execution_start.harness} inputs={ev.execution_start.input_count}"
     elif body == "model":

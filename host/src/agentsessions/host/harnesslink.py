@@ -23,19 +23,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import grpc
 
+from agentsessions.host.addresses import check_harness_address
+from agentsessions.host.controller.errors import HarnessUnavailableError
 from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.harness import EventSink, Start, message_text
+from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+
+__all__ = [
+    "HISTORY_CACHE_SESSIONS",
+    "ApprovalDecisions",
+    "HarnessFailedError",
+    "HarnessLinkError",
+    "HarnessProtocolError",
+    "HarnessUnavailableError",
+    "HostSinkError",
+    "RemoteHarness",
+    "harness_target",
+]
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 _KIND = common_pb2
@@ -62,11 +76,6 @@ _BODY = {
 # Stream endings that mean the harness process is gone or unreachable rather than broken.
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_CHANNEL_OPTIONS = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-)
 _CONNECT_METHOD = "/" + harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name + "/Connect"
 # Wire tags (field number << 3 | length-delimited) of ControllerFrame.start and Start.history.
 _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start"].number << 3 | 2])
@@ -76,15 +85,12 @@ HISTORY_CACHE_SESSIONS = 256
 
 
 class HarnessLinkError(Exception):
-    """Base of every error the harness link raises."""
+    """Base of the errors the harness link raises besides HarnessUnavailableError (the
+    controller's, raised with the gRPC status as ``code`` when the harness cannot be reached)."""
 
 
-class HarnessUnavailableError(HarnessLinkError):
-    """The harness could not be reached, or stopped answering. ``code`` is the gRPC status."""
-
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
-        super().__init__(message)
-        self.code = code
+# Every failure of the link itself (what cancelling a stream may run into).
+_LINK_FAILURES = (HarnessLinkError, HarnessUnavailableError)
 
 
 class HarnessFailedError(HarnessLinkError):
@@ -115,38 +121,11 @@ class ApprovalDecisions(Protocol):
     def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None: ...
 
 
-_ADDRESS_FORMS = "host:port, dns:///host:port, dns://resolver/host:port, unix:path or unix:///abs/path"
-_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.%\w]+\]|[^\s:/\[\]]+):(\d{1,5})$")
-
-
 def harness_target(address: str) -> str:
-    """The gRPC target for a harness address; raises ValueError for forms the host does not dial."""
-    if address.startswith("unix:"):
-        path = address[len("unix:") :]
-        if path.startswith("//"):
-            if not path.startswith("///") or len(path) <= 3:
-                raise ValueError(
-                    f"harness address {address!r}: unix:// needs an absolute path (unix:///abs/path)"
-                )
-        elif not path:
-            raise ValueError(f"harness address {address!r}: unix: needs a socket path")
-        return address
-    if address.startswith("dns:"):
-        rest = address[len("dns:") :]
-        if not rest.startswith("//"):
-            raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
-        _, slash, endpoint = rest[2:].partition("/")
-        if not slash or not _valid_host_port(endpoint):
-            raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
-        return address
-    if not _valid_host_port(address):
-        raise ValueError(f"harness address {address!r} is not one of {_ADDRESS_FORMS}")
+    """The gRPC target for a harness address; raises ValueError (an ``AddressError`` naming the
+    rule, agentsessions.host.addresses) for forms the host does not dial."""
+    check_harness_address(address)
     return address
-
-
-def _valid_host_port(text: str) -> bool:
-    match = _HOST_PORT.match(text)
-    return match is not None and 0 < int(match.group(1)) <= 65535
 
 
 class RemoteHarness:
@@ -184,7 +163,7 @@ class RemoteHarness:
     def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
         # The channel belongs to the event loop that first uses it.
         if self._stub is None:
-            self._channel = open_channel(self._target, self._credentials, _CHANNEL_OPTIONS)
+            self._channel = open_channel(self._target, self._credentials, MESSAGE_SIZE_OPTIONS)
             stub = harness_pb2_grpc.HarnessStub(self._channel)
             # Connect also writes the Start frame pre-encoded (bytes): see _HistoryEncoder.
             stub.Connect = self._channel.stream_stream(
@@ -282,7 +261,7 @@ class _Bridge:
         task = self._task
         if task is None or task.done():
             return
-        with contextlib.suppress(HarnessLinkError, TimeoutError):
+        with contextlib.suppress(*_LINK_FAILURES, TimeoutError):
             async with asyncio.timeout(grace):
                 await self._send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason=reason)))
         await asyncio.wait({task}, timeout=grace)
@@ -544,11 +523,13 @@ def _kind_name(kind: int) -> str:
         return f"EventKind({kind})"
 
 
-def _stream_error(exc: grpc.aio.AioRpcError, address: str) -> HarnessLinkError:
+def _stream_error(exc: grpc.aio.AioRpcError, address: str) -> HarnessLinkError | HarnessUnavailableError:
     return _status_error(exc.code(), exc.details() or "", address)
 
 
-def _status_error(code: grpc.StatusCode, details: str, address: str) -> HarnessLinkError:
+def _status_error(
+    code: grpc.StatusCode, details: str, address: str
+) -> HarnessLinkError | HarnessUnavailableError:
     message = f"harness at {address} ended the stream with {code.name}: {details}"
     if code in _UNAVAILABLE:
         return HarnessUnavailableError(message, code)

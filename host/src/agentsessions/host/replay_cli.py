@@ -26,8 +26,8 @@ from typing import Any, Final
 from agentsessions.host import config as host_config
 from agentsessions.host.app import App, build_controller
 from agentsessions.host.config import ConfigError, HostConfig
-from agentsessions.host.controller.controller import ReplayReport
 from agentsessions.host.controller.errors import ControllerError, ReplayDivergedError
+from agentsessions.host.controller.replay import ReplayReport
 from agentsessions.host.journal.postgres import redact_url
 from agentsessions.host.journal.store import StoreError, TamperedError
 from agentsessions.host.progress import progress

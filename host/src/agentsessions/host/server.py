@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -26,7 +25,8 @@ from grpc_reflection.v1alpha import reflection
 from agentsessions.host import config as host_config
 from agentsessions.host import health, logs
 from agentsessions.host.accesslog import AccessLogInterceptor
-from agentsessions.host.app import App, Service, build_app
+from agentsessions.host.addresses import is_loopback
+from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
@@ -35,10 +35,6 @@ log = logging.getLogger("agentsessions.host")
 
 # A second host on a busy port must fail to start, not share the port.
 _SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
-
-
-class StartupError(Exception):
-    """The host could not start serving (for example, the listen address is taken)."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -94,7 +90,7 @@ async def serve(
             for listener in listeners:
                 await listener.start()
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
-            if config.auth_tokens is None and not _loopback(config.listen):
+            if config.auth_tokens is None and not is_loopback(config.listen):
                 log.warning(
                     "no authentication: anyone who reaches this address can read, run and approve "
                     "every session; bind loopback or set --auth-tokens (docs/security.md)",
@@ -135,18 +131,6 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener])
     facts["model"] = config.model or "echo (built in)"
     facts["pid"] = os.getpid()
     return facts
-
-
-def _loopback(address: str) -> bool:
-    if address.startswith("unix:"):
-        return True
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _listeners(config: HostConfig, app: App) -> list[_Listener]:

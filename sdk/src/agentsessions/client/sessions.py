@@ -9,6 +9,7 @@ import grpc
 from grpc import aio
 
 from agentsessions.sdk.harness import text_message
+from agentsessions.sdk.limits import MAX_MESSAGE_BYTES
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
@@ -16,7 +17,7 @@ from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 _CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 
 

@@ -29,17 +29,12 @@ from agentsessions.sdk.errors import (
     ToolCallRejectedError,
 )
 from agentsessions.sdk.harness import Harness, Start, text_message
+from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.tls import ServerTLS, add_port
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-# Histories and completions can be large; gRPC's 4 MiB default would cut long sessions off.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GRPC_OPTIONS = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-)
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 _KIND = common_pb2
@@ -538,7 +533,7 @@ async def start_server(
 ) -> HarnessServer:
     """Bind ``address`` (``host:port``, port 0 picks one, or ``unix:path``) and start serving,
     over TLS (mutual TLS when ``tls`` names a client CA) when ``tls`` is given."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=MESSAGE_SIZE_OPTIONS)
     harness_pb2_grpc.add_HarnessServicer_to_server(servicer or HarnessServicer(harness), server)
     try:
         port = add_port(server, address, tls)

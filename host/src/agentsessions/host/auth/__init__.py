@@ -1,7 +1,7 @@
 """Authentication and authorization for the host (``--auth-tokens``; docs/security.md).
 
 ``principals`` reads the token file; ``interceptor`` authenticates each call and checks its
-method's role; ``access`` carries the principal to the controller's project and actor checks.
+method's role; ``access`` checks projects and actors on the call context the interceptor binds.
 """
 
 from agentsessions.host.auth.access import PrincipalAccess

@@ -5,7 +5,9 @@ Every call except health and reflection must come from a principal of the token 
 when no header is sent, a client certificate (mutual TLS) whose SAN or ``CN=`` names one. Without
 either, or with a token or certificate the file does not know, the call is UNAUTHENTICATED. A
 principal without the method's role is PERMISSION_DENIED with the role named; project checks
-happen in the controller (``PrincipalAccess``), once the session's project is known.
+happen in the controller (``PrincipalAccess``), once the session's project is known: the
+interceptor binds the call's :class:`~agentsessions.host.callcontext.CallContext`, and the servicer
+hands it to the controller.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import NoReturn
 import grpc
 from grpc import aio
 
-from agentsessions.host.auth import access
 from agentsessions.host.auth.principals import ADMIN, APPROVER, READER, WRITER, Principal, Principals
+from agentsessions.host.callcontext import CallContext, bind
 from agentsessions.host.interception import around_handler
 
 SESSIONS = "agentsessions.v1.Sessions"
@@ -113,7 +115,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"principal {principal.principal!r} lacks role {role!r}, needed for {method.lstrip('/')}",
             )
-        access.bind(principal)
+        bind(CallContext(principal, method))
         yield
 
     async def _authenticate(self, token: str | _Malformed | None, context: aio.ServicerContext) -> Principal:

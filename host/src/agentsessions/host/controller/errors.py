@@ -1,5 +1,9 @@
 """Domain errors of the controller. The service layer maps each class to one gRPC status
-(``agentsessions.host.service.status``); the controller itself knows nothing about gRPC."""
+(``agentsessions.host.service.status``); the controller itself knows nothing about gRPC.
+
+An unknown session is the journal's ``SessionNotFoundError`` (``agentsessions.host.journal.store``),
+raised by the controller and the stores alike; an unreachable harness is
+:class:`HarnessUnavailableError`, raised by the Describe bound and by the harness link alike."""
 
 from __future__ import annotations
 
@@ -17,14 +21,6 @@ class InvalidArgumentError(ControllerError):
         super().__init__(f"{field}: {rule}")
         self.field = field
         self.rule = rule
-
-
-class SessionNotFoundError(ControllerError):
-    """No such session."""
-
-    def __init__(self, uid: str) -> None:
-        super().__init__(f"session {uid!r} not found")
-        self.uid = uid
 
 
 class SessionBusyError(ControllerError):
@@ -70,8 +66,17 @@ class PermissionDeniedError(ControllerError):
     """The authenticated caller may not do this (a project it may not use, an identity not its own)."""
 
 
+class UnauthenticatedError(ControllerError):
+    """Authentication is on and the call carries no authenticated principal."""
+
+
 class HarnessUnavailableError(ControllerError):
-    """The harness could not be reached for Describe (nothing was journaled)."""
+    """The harness could not be reached, or stopped answering. ``code`` is the transport's status
+    when a link reported one (opaque here: the harness link sets and reads it)."""
+
+    def __init__(self, message: str, code: object = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DeadlineExceededError(ControllerError):
@@ -84,3 +89,7 @@ class ReplayDivergedError(ControllerError):
 
 class HarnessRunError(ControllerError):
     """The harness's run failed mid-turn; the turn is left interrupted for Resume."""
+
+
+class ExecutionCancelled(ControllerError):
+    """The turn was stopped by Cancel; END{CANCELED} and a CANCEL marker were journaled."""

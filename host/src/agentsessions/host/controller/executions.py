@@ -154,13 +154,6 @@ class ExecutionIndex:
             ex.error_indexes.append(index)
 
 
-def split_executions(events: list[common_pb2.Event], fork_seq: int = 0) -> list[Execution]:
-    """Group a session's events into executions in first-seen order (see ExecutionIndex)."""
-    index = ExecutionIndex(fork_seq)
-    index.feed(events)
-    return index.order
-
-
 def latest_execution(executions: list[Execution]) -> Execution | None:
     """The execution whose first record is newest (first-seen order)."""
     return executions[-1] if executions else None

@@ -1,5 +1,6 @@
 """Which harness serves a session: the host's static harnesses (in-process or dialled
-addresses) and HarnessRegistry entries, resolved by name."""
+addresses) and HarnessRegistry entries, resolved by name; and the admission check every path that
+runs a harness makes first (Describe, bounded, then placement on the harness's runtime)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from agentsessions.host.controller.errors import (
     FailedPreconditionError,
     HarnessUnavailableError,
     InvalidArgumentError,
+    UnplaceableError,
 )
 from agentsessions.host.journal.store import JournalStore
-from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime
+from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime, placement_refusal
 from agentsessions.sdk.harness import Harness
 from agentsessions.v1 import harness_pb2, harness_registry_pb2
 
@@ -149,4 +151,15 @@ async def describe(
             f"harness {resolved.name!r} reports descriptor id {descriptor.id!r}, "
             f"registration requires {resolved.descriptor_id!r}"
         )
+    return descriptor
+
+
+async def describe_placed(resolved: ResolvedHarness) -> harness_pb2.HarnessDescriptor:
+    """Describe the harness and check that its runtime can serve what it declares (Exec, Resume,
+    Fork and replay admission); UnplaceableError when it cannot, before anything is journaled."""
+    descriptor = await describe(resolved)
+    # The runtime decides (agentsessions.host.runtime.placement): capabilities vs the descriptor.
+    refusal = placement_refusal(resolved.placed_on(), resolved.name, descriptor)
+    if refusal is not None:
+        raise UnplaceableError(refusal)
     return descriptor

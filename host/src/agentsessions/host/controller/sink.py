@@ -39,7 +39,6 @@ class SinkCounters:
     """What the sink did live (observable: replay must report zero model calls)."""
 
     model_calls: int = 0
-    tool_executions: int = 0
 
 
 class ExecutionSink:
@@ -250,7 +249,6 @@ class ExecutionSink:
     async def _execute(self, call: common_pb2.ToolCall, **receipt: int) -> common_pb2.ToolResult:
         if self._tools is None:
             raise MissingToolExecutorError(call.tool, [])  # the registry raises it for unknown tools
-        self.counters.tool_executions += 1
         result = await self._tools.execute(self.session, call)
         stored = common_pb2.ToolResult()
         stored.CopyFrom(result)

@@ -9,6 +9,7 @@ declares REQUIRES_MEMORY_SNAPSHOT is refused on all of them (see ``placement``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TypeAlias
 
 from agentsessions.host.runtime.protocol import Incarnation, RuntimeCapabilities, SnapshotRef
@@ -19,13 +20,18 @@ ComputeState: TypeAlias = session_pb2.ComputeState.ValueType
 
 class JournalBackedRuntime:
     """Session bookkeeping for a runtime without memory snapshots. Subclasses name the runtime,
-    say where the harness answers, and whether it can run right now."""
+    say where the harness answers, and whether it can run right now.
+
+    It remembers the ``max_sessions`` sessions attached most recently; an older one counts as never
+    attached (status NONE) until its next turn attaches it again, so the bookkeeping does not grow
+    with every session a long-running host has served."""
 
     name = "journal-backed"
     memory_loss = "whenever its process restarts"
+    max_sessions = 10_000
 
     def __init__(self) -> None:
-        self._states: dict[str, ComputeState] = {}
+        self._states: OrderedDict[str, ComputeState] = OrderedDict()
 
     def capabilities(self) -> RuntimeCapabilities:
         return RuntimeCapabilities()
@@ -50,12 +56,12 @@ class JournalBackedRuntime:
 
     async def create(self, session: str) -> Incarnation:
         _require("session", session, "create")
-        self._states[session] = session_pb2.COMPUTE_LIVE
+        self._remember(session, session_pb2.COMPUTE_LIVE)
         return Incarnation(session, self.name, self.worker(), self.address_for(session))
 
     async def snapshot(self, session: str) -> SnapshotRef:
         _require("session", session, "snapshot")
-        self._states[session] = session_pb2.COMPUTE_COLD
+        self._remember(session, session_pb2.COMPUTE_COLD)
         return SnapshotRef(local=session, memory=False)
 
     async def restore(self, ref: SnapshotRef) -> Incarnation:
@@ -77,6 +83,12 @@ class JournalBackedRuntime:
         if state == session_pb2.COMPUTE_LIVE and not self.reachable():
             return session_pb2.COMPUTE_COLD  # attached, but its harness is down until the restart
         return state
+
+    def _remember(self, session: str, state: ComputeState) -> None:
+        self._states[session] = state
+        self._states.move_to_end(session)
+        while len(self._states) > self.max_sessions:
+            self._states.popitem(last=False)
 
     def _check_ref(self, ref: SnapshotRef, op: str) -> None:
         if not ref.local:

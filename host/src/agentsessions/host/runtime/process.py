@@ -6,8 +6,13 @@ own interpreter), wait for its ``listening on ADDRESS`` line, and dial that addr
 Harness.Connect. A process that dies is started again after a backoff that doubles up to a bound;
 on host shutdown each one gets SIGTERM and, once the grace is spent, SIGKILL.
 
-The host owns these processes but cannot checkpoint their memory: a restart (after a crash, or of
-the host) starts the harness from nothing, and sessions carry on through the journal.
+The process is the compute of the sessions attached to it through the Runtime calls the controller
+makes: ``create`` (Exec), ``restore`` (Resume) and ``fork`` (Fork) attach a session and start the
+process again if it was stopped; ``snapshot`` (Suspend, an approval park) and ``stop``
+(DeleteSession) detach one, and the last live session leaving while no run uses the process stops
+it (no restart until the next attach). The host owns these processes but cannot checkpoint their
+memory: a restart (after a crash, an idle stop, or of the host) starts the harness from nothing,
+and sessions carry on through the journal.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentsessions.host import logs
-from agentsessions.host.harnesslink import HarnessUnavailableError, RemoteHarness
+from agentsessions.host.controller.errors import HarnessUnavailableError
+from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.runtime.journal_backed import JournalBackedRuntime
+from agentsessions.host.runtime.protocol import Incarnation, SnapshotRef
 from agentsessions.sdk.harness import EventSink, Start
-from agentsessions.v1 import harness_pb2
+from agentsessions.v1 import harness_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.runtime")
 
@@ -61,7 +68,8 @@ class ProcessRuntime(JournalBackedRuntime):
     ``listen`` overrides the address entirely (``127.0.0.1:0`` for loopback TCP). ``grace`` is how
     long a stopping process may take after SIGTERM. A crashed process is restarted after
     ``backoff_initial`` seconds, doubling per quick failure up to ``backoff_max``; the delay
-    resets once a process has stayed up for ``stable_after`` seconds.
+    resets once a process has stayed up for ``stable_after`` seconds. A process stopped because no
+    session needs it (see the module docstring) is not restarted until a session attaches again.
     """
 
     name = "subprocess"
@@ -108,6 +116,9 @@ class ProcessRuntime(JournalBackedRuntime):
         self._changed = asyncio.Condition()
         self._started = False
         self._closing = False
+        # Stopped because no attached session was live; the next attach (or run) starts it again.
+        self._idle = False
+        self._transition = asyncio.Lock()  # an idle stop and a wake never interleave
         self._supervisor: asyncio.Task[None] | None = None
         self._pipes: set[asyncio.Task[None]] = set()
 
@@ -156,6 +167,53 @@ class ProcessRuntime(JournalBackedRuntime):
             raise HarnessProcessError(f"harness process {self.harness_name!r} is shutting down")
         return pid
 
+    # -- the sessions' compute (Runtime) ---------------------------------------------------------
+
+    async def create(self, session: str) -> Incarnation:
+        """Attach ``session``: the process serves it (started again if it was idle-stopped, waited
+        for through a restart); HarnessUnavailableError when no process comes up in time."""
+        await super().create(session)
+        await self.link_when_ready()
+        return Incarnation(session, self.name, self.worker(), self.address_for(session))
+
+    async def snapshot(self, session: str) -> SnapshotRef:
+        ref = await super().snapshot(session)
+        await self._stop_if_unused()
+        return ref
+
+    async def stop(self, session: str) -> None:
+        await super().stop(session)
+        await self._stop_if_unused()
+
+    async def _stop_if_unused(self) -> None:
+        """Stop the process once no attached session is live and no run is using it."""
+        async with self._transition:
+            if self._closing or self._idle or self._process is None or not self._unused():
+                return
+            self._idle = True
+            process = self._process
+            log.info(
+                "harness process stopped: no live session",
+                extra=logs.fields(harness=self.harness_name, pid=process.pid),
+            )
+            await self._stop_generation(process)
+
+    def _unused(self) -> bool:
+        live = any(state == session_pb2.COMPUTE_LIVE for state in self._states.values())
+        return not live and not any(link.runs for link in self.links())
+
+    async def _wake(self) -> None:
+        """Start the process again after an idle stop."""
+        async with self._transition:
+            if not self._idle or self._closing:
+                return
+            try:
+                await self._launch()
+            except HarnessProcessError as exc:
+                raise HarnessUnavailableError(str(exc)) from exc
+            self._idle = False
+            self._supervisor = asyncio.create_task(self._supervise(), name=f"supervise-{self.harness_name}")
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -180,15 +238,8 @@ class ProcessRuntime(JournalBackedRuntime):
         """Stop the process: SIGTERM, then SIGKILL once ``grace`` has passed; no restarts after."""
         self._closing = True
         await self._notify()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
-        process = self._process
-        if process is not None:
-            await _stop_process(process, self.grace)
-        self._process = None
-        await self._retire_link()
+        async with self._transition:  # a wake in progress finishes first, then is stopped here
+            await self._stop_generation(self._process)
         for link in list(self._retired):
             if link.runs == 0:
                 await self._close_link(link)
@@ -200,6 +251,18 @@ class ProcessRuntime(JournalBackedRuntime):
         if self._owned_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._owned_dir, True)
             self._owned_dir = None
+
+    async def _stop_generation(self, process: asyncio.subprocess.Process | None) -> None:
+        """Stop the supervisor (so the exit is no crash), the process, and retire its link."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
+        if process is not None:
+            await _stop_process(process, self.grace)
+        self._process = None
+        await self._retire_link()
 
     async def _launch(self) -> None:
         """Start one process generation and wait for ``listening on ADDRESS``."""
@@ -298,7 +361,10 @@ class ProcessRuntime(JournalBackedRuntime):
     # -- links ----------------------------------------------------------------------------------
 
     async def link_when_ready(self) -> _Link:
-        """The current process's link, waiting (up to ``start_timeout``) through a restart."""
+        """The current process's link, waiting (up to ``start_timeout``) through a restart, and
+        starting the process again after an idle stop."""
+        if self._idle:
+            await self._wake()
         if self._link is None and not self._closing:
             with contextlib.suppress(TimeoutError, HarnessProcessError):
                 async with asyncio.timeout(self.start_timeout):

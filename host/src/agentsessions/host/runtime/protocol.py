@@ -42,6 +42,22 @@ class SnapshotRef:
     memory: bool = False
     sealed: bool = False
 
+    @classmethod
+    def of_session(cls, session: str) -> SnapshotRef:
+        """The handle of a session whose compute no snapshot captured: restoring it re-attaches
+        the session and the journal rebuilds the rest (the reference's local backend)."""
+        return cls(local=session)
+
+    @classmethod
+    def from_marker(cls, lifecycle: common_pb2.Lifecycle) -> SnapshotRef:
+        """The snapshot a ``LIFECYCLE_SUSPEND`` marker recorded."""
+        return cls(
+            local=lifecycle.snapshot_local,
+            external_uri=lifecycle.snapshot_external_uri,
+            memory=lifecycle.snapshot_memory,
+            sealed=lifecycle.snapshot_sealed,
+        )
+
     def suspend_marker(self) -> common_pb2.Lifecycle:
         """The ``LIFECYCLE_SUSPEND`` body carrying this snapshot."""
         return common_pb2.Lifecycle(

@@ -14,10 +14,10 @@ from typing import NoReturn
 import grpc
 from grpc import aio
 
-from agentsessions.host.config import ConfigError, check_harness_address
+from agentsessions.host.addresses import AddressError, check_harness_address
 from agentsessions.host.controller.errors import ControllerError
 from agentsessions.host.controller.harnesses import HarnessCatalog, describe
-from agentsessions.host.journal import canon
+from agentsessions.host.journal import canon, clamp_page_size
 from agentsessions.v1 import harness_registry_pb2 as hr
 from agentsessions.v1 import harness_registry_pb2_grpc
 
@@ -70,9 +70,9 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
                 "spec.substrate: this host has no substrate runtime; register a remote address",
             )
         try:
-            check_harness_address("spec.remote.address", request.spec.remote.address)
-        except ConfigError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            check_harness_address(request.spec.remote.address)
+        except AddressError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"spec.remote.address: {exc}")
         digest = canon.spec_digest(request.spec)
         existing = await self.store.get_harness(name)
         now = time.time_ns()
@@ -134,7 +134,7 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"page_size: must not be negative, got {request.page_size}",
             )
-        size = min(request.page_size or 50, 500)
+        size = clamp_page_size(request.page_size)
         after = ""
         if request.page_token:
             try:

@@ -1,7 +1,10 @@
 """``agentsessions.v1.Sessions`` over the controller: validation in, status codes out.
 
 The servicer only translates between the wire and the controller (which knows nothing about
-gRPC); domain errors become statuses through ``service.status``.
+gRPC): requests become controller parameters, views become ``Session`` messages
+(``service.convert``), domain errors become statuses (``service.status``). Each call's
+:class:`~agentsessions.host.callcontext.CallContext`, bound by the server interceptors, is read
+once and handed to the controller explicitly.
 """
 
 from __future__ import annotations
@@ -13,20 +16,20 @@ from typing import NoReturn, TypeVar
 
 from grpc import aio
 
-from agentsessions.host.controller.controller import (
-    Controller,
-    CreateParams,
-    ExecParams,
-    session_view_proto,
-)
+from agentsessions.host import callcontext
+from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller.approvals import Decision
+from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.errors import ControllerError, InvalidArgumentError
-from agentsessions.host.journal.store import StoreError
+from agentsessions.host.controller.fork import ForkParams
+from agentsessions.host.controller.turns import ExecParams
+from agentsessions.host.journal.store import SessionRow, StoreError
 from agentsessions.host.service import validation as v
+from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 SERVICE_NAME: str = session_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
-REPLAY_PAGE = 1000
 
 
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -42,14 +45,14 @@ _DOMAIN_ERRORS = (ControllerError, StoreError)
 
 
 def _unary(
-    method: Callable[[Servicer, Req], Awaitable[Resp]],
+    method: Callable[[Servicer, Req, CallContext], Awaitable[Resp]],
 ) -> Callable[[Servicer, Req, aio.ServicerContext], Awaitable[Resp]]:
     """A unary handler whose domain errors (validation included) become their gRPC status."""
 
     @functools.wraps(method)
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
         try:
-            return await method(self, request)
+            return await method(self, request, callcontext.current())
         except _DOMAIN_ERRORS as exc:
             await _abort(context, exc)
 
@@ -57,7 +60,7 @@ def _unary(
 
 
 def _streaming(
-    method: Callable[[Servicer, Req], AsyncGenerator[Resp, None]],
+    method: Callable[[Servicer, Req, CallContext], AsyncGenerator[Resp, None]],
 ) -> Callable[[Servicer, Req, aio.ServicerContext], AsyncIterator[Resp]]:
     """A server-streaming handler: errors raised before the first frame answer with no frame."""
 
@@ -66,7 +69,7 @@ def _streaming(
         try:
             # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
             # and its guard released), not whenever the garbage collector finalizes it.
-            async with contextlib.aclosing(method(self, request)) as items:
+            async with contextlib.aclosing(method(self, request, callcontext.current())) as items:
                 async for item in items:
                     yield item
         except _DOMAIN_ERRORS as exc:
@@ -82,59 +85,64 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         self.controller = controller
 
     @_unary
-    async def CreateSession(self, request: session_pb2.CreateSessionRequest) -> session_pb2.Session:
-        return session_view_proto(await self.controller.create_session(_create_params(request.session)))
+    async def CreateSession(
+        self, request: session_pb2.CreateSessionRequest, call: CallContext
+    ) -> session_pb2.Session:
+        requested = _requested_row(request.session)
+        return session_proto(await self.controller.create_session(requested, call=call))
 
     @_unary
-    async def GetSession(self, request: session_pb2.GetSessionRequest) -> session_pb2.Session:
-        return session_view_proto(await self.controller.view(v.session_uid("uid", request.uid)))
+    async def GetSession(
+        self, request: session_pb2.GetSessionRequest, call: CallContext
+    ) -> session_pb2.Session:
+        return session_proto(await self.controller.view(v.session_uid("uid", request.uid), call=call))
 
     @_unary
     async def ListSessions(
-        self, request: session_pb2.ListSessionsRequest
+        self, request: session_pb2.ListSessionsRequest, call: CallContext
     ) -> session_pb2.ListSessionsResponse:
         project = v.bounded("project", request.project)
-        views, token = await self.controller.list_sessions(project, request.page_size, request.page_token)
+        views, token = await self.controller.list_sessions(
+            project, request.page_size, request.page_token, call=call
+        )
         return session_pb2.ListSessionsResponse(
-            sessions=[session_view_proto(x) for x in views], next_page_token=token
+            sessions=[session_proto(x) for x in views], next_page_token=token
         )
 
     @_unary
-    async def DeleteSession(self, request: session_pb2.DeleteSessionRequest) -> session_pb2.Session:
-        return session_view_proto(await self.controller.delete_session(v.session_uid("uid", request.uid)))
+    async def DeleteSession(
+        self, request: session_pb2.DeleteSessionRequest, call: CallContext
+    ) -> session_pb2.Session:
+        uid = v.session_uid("uid", request.uid)
+        return session_proto(await self.controller.delete_session(uid, call=call))
 
     @_streaming
-    async def Exec(self, request: session_pb2.ExecRequest) -> AsyncGenerator[session_pb2.ExecUpdate, None]:
-        async with self.controller.admit_exec(_exec_params(request)) as turn:
-            yield session_pb2.ExecUpdate(session=session_view_proto(turn.view))
+    async def Exec(
+        self, request: session_pb2.ExecRequest, call: CallContext
+    ) -> AsyncGenerator[session_pb2.ExecUpdate, None]:
+        async with self.controller.admit_exec(_exec_params(request), call=call) as turn:
+            yield session_pb2.ExecUpdate(session=session_proto(turn.view))
             async for update in turn.run():
                 if isinstance(update, common_pb2.LogRecord):
                     yield session_pb2.ExecUpdate(record=update)
                 elif isinstance(update, session_pb2.Delta):
                     yield session_pb2.ExecUpdate(delta=update)
                 else:
-                    yield session_pb2.ExecUpdate(session=update)
+                    yield session_pb2.ExecUpdate(session=session_proto(update))
 
     @_streaming
-    async def Replay(self, request: session_pb2.ReplayRequest) -> AsyncGenerator[common_pb2.LogRecord, None]:
+    async def Replay(
+        self, request: session_pb2.ReplayRequest, call: CallContext
+    ) -> AsyncGenerator[common_pb2.LogRecord, None]:
         uid = v.session_uid("session", request.session)
         v.non_negative("to_seq", request.to_seq)
-        if not await self.controller.may_read_journal(uid):
-            return
-        seq = max(request.from_seq, 1)
-        last = request.to_seq
-        store = self.controller.store
-        while last == 0 or seq <= last:
-            upper = seq + REPLAY_PAGE - 1 if last == 0 else min(seq + REPLAY_PAGE - 1, last)
-            page = await store.read(uid, seq, upper)
-            for rec in page:
-                yield rec
-            if len(page) < upper - seq + 1:
-                return
-            seq = upper + 1
+        async for record in self.controller.records(uid, request.from_seq, request.to_seq, call=call):
+            yield record
 
     @_unary
-    async def Approve(self, request: session_pb2.ApproveRequest) -> session_pb2.ApproveResponse:
+    async def Approve(
+        self, request: session_pb2.ApproveRequest, call: CallContext
+    ) -> session_pb2.ApproveResponse:
         uid = v.session_uid("session", request.session)
         v.require("execution_id", request.execution_id)
         v.require("tool_call_id", request.tool_call_id)
@@ -143,8 +151,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         if not request.HasField("approved"):
             raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
         v.bounded("reason", request.reason, v.MAX_VALUE)
-        view, record = await self.controller.approve(
-            uid,
+        decision = Decision(
             request.execution_id,
             request.tool_call_id,
             request.request_seq,
@@ -152,37 +159,42 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             request.reason,
             request.identity if request.HasField("identity") else None,
         )
-        return session_pb2.ApproveResponse(session=session_view_proto(view), decision=record)
+        view, record = await self.controller.approve(uid, decision, call=call)
+        return session_pb2.ApproveResponse(session=session_proto(view), decision=record)
 
     @_unary
-    async def Cancel(self, request: session_pb2.CancelRequest) -> session_pb2.Session:
+    async def Cancel(self, request: session_pb2.CancelRequest, call: CallContext) -> session_pb2.Session:
         uid = v.session_uid("session", request.session)
         v.bounded("reason", request.reason, v.MAX_VALUE)
-        return session_view_proto(await self.controller.cancel(uid, request.execution_id, request.reason))
+        return session_proto(
+            await self.controller.cancel(uid, request.execution_id, request.reason, call=call)
+        )
 
     @_unary
-    async def Suspend(self, request: session_pb2.SuspendRequest) -> session_pb2.Session:
-        return session_view_proto(await self.controller.suspend(v.session_uid("session", request.session)))
+    async def Suspend(self, request: session_pb2.SuspendRequest, call: CallContext) -> session_pb2.Session:
+        uid = v.session_uid("session", request.session)
+        return session_proto(await self.controller.suspend(uid, call=call))
 
     @_unary
-    async def Resume(self, request: session_pb2.ResumeRequest) -> session_pb2.Session:
-        return session_view_proto(await self.controller.resume(v.session_uid("session", request.session)))
+    async def Resume(self, request: session_pb2.ResumeRequest, call: CallContext) -> session_pb2.Session:
+        uid = v.session_uid("session", request.session)
+        return session_proto(await self.controller.resume(uid, call=call))
 
     @_unary
-    async def Fork(self, request: session_pb2.ForkRequest) -> session_pb2.ForkResponse:
+    async def Fork(self, request: session_pb2.ForkRequest, call: CallContext) -> session_pb2.ForkResponse:
         uid = v.session_uid("session", request.session)
         if request.HasField("identity"):
             raise InvalidArgumentError("identity", "must be unset: per-child principals are not supported")
         labels = v.string_map("labels", request.labels)
         for i, name in enumerate(request.child_names):
             v.bounded(f"child_names[{i}]", name)
-        children = await self.controller.fork(
-            uid, request.at_seq, request.count, list(request.child_names), labels
-        )
-        return session_pb2.ForkResponse(children=[session_view_proto(c) for c in children])
+        params = ForkParams(request.at_seq, request.count, list(request.child_names), labels)
+        children = await self.controller.fork(uid, params, call=call)
+        return session_pb2.ForkResponse(children=[session_proto(c) for c in children])
 
 
-def _create_params(s: session_pb2.Session) -> CreateParams:
+def _requested_row(s: session_pb2.Session) -> SessionRow:
+    """What the caller may set on a new session, as a row without uid (the host assigns it)."""
     if s.metadata.uid:
         raise InvalidArgumentError("session.metadata.uid", "is assigned by the host; leave it empty")
     for name in ("last_seq", "parent_uid", "fork_seq"):
@@ -190,7 +202,8 @@ def _create_params(s: session_pb2.Session) -> CreateParams:
             raise InvalidArgumentError(f"session.{name}", "is derived by the host; leave it unset")
     if s.HasField("compute") or s.HasField("pending_approval"):
         raise InvalidArgumentError("session.compute", "is derived by the host; leave it unset")
-    return CreateParams(
+    return SessionRow(
+        uid="",
         project=v.bounded("session.metadata.project", s.metadata.project),
         name=v.bounded("session.metadata.name", s.metadata.name),
         harness=v.harness_name("session.harness", s.harness),

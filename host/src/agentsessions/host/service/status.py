@@ -7,7 +7,6 @@ import logging
 import grpc
 
 from agentsessions.host.controller import errors as ce
-from agentsessions.host.controller.controller import ExecutionCancelled
 from agentsessions.host.journal import store as js
 
 log = logging.getLogger("agentsessions.service")
@@ -15,9 +14,9 @@ log = logging.getLogger("agentsessions.service")
 # Checked in order: subclasses before their bases.
 _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ce.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (ce.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (js.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (ce.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (ce.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (ce.SessionBusyError, grpc.StatusCode.ABORTED),
     (ce.ConcurrencyError, grpc.StatusCode.ABORTED),
     (js.ConflictError, grpc.StatusCode.ABORTED),
@@ -25,7 +24,7 @@ _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (ce.HarnessUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (ce.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (ExecutionCancelled, grpc.StatusCode.CANCELLED),
+    (ce.ExecutionCancelled, grpc.StatusCode.CANCELLED),
     (ce.ReplayDivergedError, grpc.StatusCode.INTERNAL),
     (ce.HarnessRunError, grpc.StatusCode.INTERNAL),
     (js.SessionExistsError, grpc.StatusCode.ALREADY_EXISTS),

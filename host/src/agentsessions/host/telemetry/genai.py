@@ -64,8 +64,8 @@ Drive = Callable[Concatenate[_Self, str, _Resolved, _Start, _P], Awaitable[_Resu
 def traced_turn(
     *, cancelled: Callable[[BaseException], bool]
 ) -> Callable[[Drive[_Self, _Resolved, _Start, _P, _Result]], Drive[_Self, _Resolved, _Start, _P, _Result]]:
-    """Decorate the controller's ``_drive(self, uid, resolved, start, ...)``: a span per turn and the
-    turns counter. The outcome is ``parked`` when it returns a value (the parked Session),
+    """Decorate ``Driver.drive(self, uid, resolved, start, ...)`` (controller): a span per turn and the
+    turns counter. The outcome is ``parked`` when it returns a value (the park's SUSPEND record),
     ``completed`` when it returns None, ``cancelled`` when ``cancelled(exc)``, else ``failed``."""
 
     def decorate(

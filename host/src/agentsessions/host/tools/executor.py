@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentsessions.host.tools.args import python_to_struct, validate_tool_call
 from agentsessions.host.tools.errors import DuplicateToolError, MissingToolExecutorError
-from agentsessions.v1 import common_pb2, harness_pb2
+from agentsessions.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ class ToolSpec:
             description=self.description,
             input_schema=python_to_struct(self.input_schema, path=f"{self.name}.input_schema"),
         )
-
-    def harness_spec(self, mediation: common_pb2.Mediation.ValueType) -> harness_pb2.ToolSpec:
-        """The tool as a harness descriptor lists it."""
-        return harness_pb2.ToolSpec(name=self.name, description=self.description, mediation=mediation)
 
 
 @dataclass(frozen=True)

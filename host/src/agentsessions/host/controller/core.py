@@ -1,0 +1,39 @@
+"""What every part of the controller shares: one :class:`Core` per host.
+
+The Controller builds it once; each concern module (sessions, turns, recovery, replay, fork,
+approvals, cancel) is a set of functions over it, as the reference's controller files are methods
+of one type. Per-session state lives in the journal, the journal cache, the guards and the table of
+running turns; nothing else is mutable here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentsessions.host.controller.access import SessionAccess
+from agentsessions.host.controller.approval_policy import ApprovalPolicy
+from agentsessions.host.controller.drive import Driver
+from agentsessions.host.controller.guard import SessionGuards
+from agentsessions.host.controller.harnesses import HarnessCatalog
+from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.controller.sinks import SinkFactory
+from agentsessions.host.controller.writer import JournalWriter
+from agentsessions.host.journal.store import JournalStore
+
+
+@dataclass(frozen=True)
+class Core:
+    store: JournalStore  # the authority; read through the cache, written through the writer
+    cache: JournalCache
+    writer: JournalWriter
+    catalog: HarnessCatalog  # which harness (and runtime) serves a session
+    sinks: SinkFactory
+    driver: Driver  # runs harnesses; its table of running turns is what Cancel stops
+    guards: SessionGuards
+    policy: ApprovalPolicy  # the host's own decisions at approval gates
+    access: SessionAccess  # who may act on which project, and who is journaled as the actor
+    new_id: Callable[[], str]  # execution ids
+    default_project: str
+    purge_on_delete: bool
+    cancel_grace_s: float

@@ -1,0 +1,197 @@
+"""Driving a harness through one execution: run it once over its sink, then journal how it ended.
+
+``END{COMPLETED}``; or ``ERROR`` and a domain error (the turn is left interrupted for Resume); or
+the approval park (the runtime's snapshot as a SUSPEND marker); or, when Cancel asked for it,
+``END{CANCELED}`` and a CANCEL marker. The turns being driven on this host are listed in
+:class:`RunningTurns`, which is how Cancel finds them and how a session shows as running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentsessions.host.controller import compute
+from agentsessions.host.controller.errors import (
+    ConcurrencyError,
+    ControllerError,
+    DeadlineExceededError,
+    ExecutionCancelled,
+    FailedPreconditionError,
+    HarnessRunError,
+    HarnessUnavailableError,
+    ReplayDivergedError,
+)
+from agentsessions.host.controller.harnesses import ResolvedHarness
+from agentsessions.host.controller.sink import ExecutionSink
+from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.journal.store import ConflictError, FencedError
+from agentsessions.host.telemetry.genai import traced_turn
+from agentsessions.host.tools.errors import MissingToolExecutorError
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.harness import Harness, Start
+from agentsessions.v1 import common_pb2
+
+# Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
+K = common_pb2
+LK = common_pb2.Lifecycle
+
+
+@dataclass
+class RunningTurn:
+    """A turn this host is driving: its task, and how Cancel asks it to stop."""
+
+    execution_id: str
+    task: asyncio.Task[Any]
+    harness: Harness
+    cancel_reason: str | None = None
+
+    async def stop(self, reason: str, grace_s: float) -> None:
+        """Ask the harness to cancel (or cut the task when it cannot), then wait, bounded, for the
+        turn to journal its cancellation."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+            canceller = getattr(self.harness, "cancel", None)
+            if canceller is None or not await canceller(self.execution_id, reason):
+                self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(settled(self.task)), grace_s)
+
+
+class RunningTurns:
+    """The turns this host drives right now, by session uid."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, RunningTurn] = {}
+
+    def get(self, uid: str) -> RunningTurn | None:
+        return self._turns.get(uid)
+
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._turns
+
+    def add(self, uid: str, turn: RunningTurn) -> None:
+        self._turns[uid] = turn
+
+    def remove(self, uid: str) -> None:
+        self._turns.pop(uid, None)
+
+
+class Driver:
+    """Runs harnesses over their sinks and journals each execution's ending."""
+
+    def __init__(self, running: RunningTurns) -> None:
+        self.running = running
+
+    @traced_turn(cancelled=lambda exc: isinstance(exc, ExecutionCancelled))
+    async def drive(
+        self,
+        uid: str,
+        resolved: ResolvedHarness,
+        start: Start,
+        sink: ExecutionSink,
+        writer: ExecutionWriter,
+        deadline_unix: int = 0,
+    ) -> common_pb2.LogRecord | None:
+        """Run the harness once over the sink, then journal END (or ERROR, or the park).
+        Returns the SUSPEND marker when the execution parked on an approval."""
+
+        async def tail(event: common_pb2.Event) -> None:
+            event.execution_id = start.execution_id
+            await writer.append(event)
+
+        task = asyncio.current_task()
+        assert task is not None
+        running = RunningTurn(start.execution_id, task, resolved.harness)
+        self.running.add(uid, running)
+        failure: BaseException | None = None
+        try:
+            try:
+                if deadline_unix > 0:
+                    remaining = deadline_unix - time.time()
+                    async with asyncio.timeout(max(remaining, 0)):
+                        await resolved.harness.run(start, sink)
+                else:
+                    await resolved.harness.run(start, sink)
+            except ApprovalParkedError:
+                pass
+            except asyncio.CancelledError:
+                if running.cancel_reason is None:
+                    raise
+                task.uncancel()  # Cancel asked for it: finish journaling the cancellation
+            except ExecutionCancelledError:
+                if running.cancel_reason is None:
+                    running.cancel_reason = "the harness cancelled the execution"
+            except TimeoutError as exc:
+                failure = DeadlineExceededError(f"deadline_unix {deadline_unix} passed during the turn")
+                failure.__cause__ = exc
+            except Exception as exc:
+                failure = exc
+        except asyncio.CancelledError:
+            sink.close()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(
+                    tail(
+                        common_pb2.Event(
+                            kind=K.EVENT_ERROR,
+                            error=common_pb2.Error(
+                                code=1, description="execution cancelled: the caller went away"
+                            ),
+                        )
+                    )
+                )
+            raise
+        finally:
+            sink.close()
+            self.running.remove(uid)
+        if running.cancel_reason is not None:
+            reason = running.cancel_reason or "cancelled"
+            await tail(
+                common_pb2.Event(
+                    kind=K.EVENT_END,
+                    end=common_pb2.HarnessEnd(
+                        state="CANCELED", error=common_pb2.Error(code=1, description=reason)
+                    ),
+                )
+            )
+            await writer.marker(common_pb2.Lifecycle(kind=LK.LIFECYCLE_CANCEL, detail=reason))
+            raise ExecutionCancelled(reason)
+        if sink.parked is not None and failure is None:
+            return await writer.marker(await compute.snapshot(resolved, uid))
+        if failure is None and sink.unconsumed() > 0:
+            failure = ReplayDivergedError(
+                f"execution {start.execution_id}: harness left {sink.unconsumed()} "
+                "recorded effects unconsumed"
+            )
+        if failure is not None:
+            err = _classify(failure)
+            if not isinstance(err, ConcurrencyError):
+                with contextlib.suppress(ControllerError):
+                    await tail(
+                        common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(description=str(failure)))
+                    )
+            raise err from failure
+        await tail(common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")))
+        return None
+
+
+async def settled(task: asyncio.Task[Any]) -> None:
+    """Wait for ``task`` to end, whatever it ends with."""
+    with contextlib.suppress(BaseException):
+        await task
+
+
+def _classify(exc: BaseException) -> ControllerError:
+    if isinstance(exc, HarnessUnavailableError):
+        # The harness went away mid-turn: the turn is interrupted (INTERNAL), not refused.
+        return HarnessRunError(f"harness run failed: {exc}")
+    if isinstance(exc, ControllerError):
+        return exc
+    if isinstance(exc, MissingToolExecutorError):
+        return FailedPreconditionError(str(exc))
+    if isinstance(exc, ConflictError | FencedError):
+        return ConcurrencyError(str(exc))
+    return HarnessRunError(f"harness run failed: {exc}")

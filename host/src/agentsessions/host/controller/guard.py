@@ -1,0 +1,105 @@
+"""The per-session guard: one operation at a time on a session, on this host.
+
+Exec, Suspend, Resume, Approve and the closing of a parked turn hold the guard; a second one
+arriving meanwhile is refused (SessionBusyError, ABORTED), or, for DeleteSession, waits a bounded
+time for the ending operation to let go. Across hosts the fence and the journal's CAS do this job.
+The table holds an entry only while someone holds or awaits a session, so it does not grow with
+the sessions a host has ever served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+
+from agentsessions.host.controller.errors import SessionBusyError
+
+
+@dataclass
+class _Slot:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # holders and waiters; the slot is dropped when it reaches 0
+
+
+class SessionGuards:
+    """Guards by session uid; ``wait_bound_s`` bounds :meth:`hold_when_free`."""
+
+    def __init__(self, wait_bound_s: float) -> None:
+        self._wait_bound_s = wait_bound_s
+        self._slots: dict[str, _Slot] = {}
+
+    def __len__(self) -> int:
+        """Sessions held or awaited right now."""
+        return len(self._slots)
+
+    def busy(self, uid: str) -> bool:
+        slot = self._slots.get(uid)
+        return slot is not None and slot.lock.locked()
+
+    def hold(self, uid: str) -> AbstractAsyncContextManager[None]:
+        """Hold the session's guard; SessionBusyError when another operation holds it."""
+        if self.busy(uid):
+            raise SessionBusyError(uid)
+        return _Held(self, uid)
+
+    @contextlib.asynccontextmanager
+    async def hold_when_free(self, uid: str) -> AsyncIterator[None]:
+        """Hold the guard, waiting (bounded) for an ending operation to let go."""
+        async with self._using(uid) as slot:
+            try:
+                async with asyncio.timeout(self._wait_bound_s):
+                    await slot.lock.acquire()
+            except TimeoutError:
+                raise SessionBusyError(uid) from None
+            try:
+                yield
+            finally:
+                slot.lock.release()
+
+    @contextlib.asynccontextmanager
+    async def _using(self, uid: str) -> AsyncIterator[_Slot]:
+        slot = self.enter(uid)
+        try:
+            yield slot
+        finally:
+            self.leave(uid, slot)
+
+    def enter(self, uid: str) -> _Slot:
+        """Count a holder or waiter of ``uid``'s slot (made when there is none)."""
+        slot = self._slots.get(uid)
+        if slot is None:
+            slot = self._slots[uid] = _Slot()
+        slot.users += 1
+        return slot
+
+    def leave(self, uid: str, slot: _Slot) -> None:
+        """The holder or waiter is gone; the slot goes with its last one."""
+        slot.users -= 1
+        if slot.users == 0:
+            del self._slots[uid]
+
+
+class _Held:
+    """Holding one session's guard (every Exec takes one: a class, not a generator, for its cost)."""
+
+    def __init__(self, guards: SessionGuards, uid: str) -> None:
+        self._guards = guards
+        self._uid = uid
+        self._slot: _Slot | None = None
+
+    async def __aenter__(self) -> None:
+        slot = self._slot = self._guards.enter(self._uid)
+        try:
+            await slot.lock.acquire()
+        except BaseException:
+            self._guards.leave(self._uid, slot)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        slot = self._slot
+        assert slot is not None
+        slot.lock.release()
+        self._guards.leave(self._uid, slot)

@@ -1,0 +1,114 @@
+"""The one place ExecutionSinks are built: for a new turn, for the recovery of an interrupted one,
+and for a read-only controller replay. What differs between them is what the journal recorded of
+the execution (:class:`Recorded`) and whether the sink may go live."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
+from agentsessions.host.controller.errors import ReplayDivergedError
+from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
+from agentsessions.host.controller.sink import DeltaSink, ExecutionSink
+from agentsessions.host.controller.tools import ToolInvoker
+from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.host.models.provider import ModelProvider
+from agentsessions.v1 import common_pb2
+
+Events = Callable[[str], Awaitable[list[common_pb2.Event]]]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the journal holds of an execution, served back before the sink goes live."""
+
+    effects: list[Effect]
+    usage: int  # USAGE records already journaled
+    inherited: bool = False  # the execution lies in a fork-copied prefix
+    legacy: bool = False  # an id-less v0.1.2 turn: never re-driven past its MODEL_CALL
+
+    @classmethod
+    def of(cls, events: list[common_pb2.Event], ex: Execution) -> Recorded:
+        effects, usage = recorded_effects(events, ex)
+        return cls(effects, usage, ex.inherited, ex.legacy)
+
+
+class SinkFactory:
+    """Builds every ExecutionSink the controller hands a harness."""
+
+    def __init__(
+        self,
+        model: ModelProvider | None,
+        tools: ToolInvoker | None,
+        *,
+        new_id: Callable[[], str] | None,
+        stream_deltas: bool,
+        approval_policy: ApprovalPolicy,
+        events: Events,
+    ) -> None:
+        self._model = model
+        self._tools = tools
+        self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
+        self._stream_deltas = stream_deltas
+        self._policy = approval_policy
+        self._events = events
+
+    def live(
+        self,
+        row: SessionRow,
+        execution_id: str,
+        writer: ExecutionWriter,
+        on_delta: DeltaSink | None,
+        recorded: Recorded | None = None,
+    ) -> ExecutionSink:
+        """A sink that journals through ``writer`` and goes live once ``recorded`` is served;
+        deltas reach ``on_delta`` when the host streams them."""
+        uid = row.uid
+        return self._build(
+            uid,
+            execution_id,
+            writer.append,
+            recorded,
+            live=True,
+            on_delta=on_delta if self._stream_deltas else None,
+            gate=SessionGate(self._policy, uid, row.project, row.fork_seq, lambda: self._events(uid)),
+        )
+
+    def replay(self, uid: str, execution_id: str, recorded: Recorded) -> ExecutionSink:
+        """A pure replay: only recorded effects are served, nothing reaches a model or tool, and
+        any write (or any request the journal did not record) is divergence."""
+
+        async def refuse(event: common_pb2.Event) -> common_pb2.LogRecord:
+            raise ReplayDivergedError("replay attempted to write to the journal")
+
+        return self._build(uid, execution_id, refuse, recorded, live=False, on_delta=None, gate=None)
+
+    def _build(
+        self,
+        uid: str,
+        execution_id: str,
+        append: Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]],
+        recorded: Recorded | None,
+        *,
+        live: bool,
+        on_delta: DeltaSink | None,
+        gate: SessionGate | None,
+    ) -> ExecutionSink:
+        return ExecutionSink(
+            session=uid,
+            execution_id=execution_id,
+            append=append,
+            model=self._model if live else None,
+            tools=self._tools if live else None,
+            recorded=recorded.effects if recorded is not None else None,
+            recorded_usage=recorded.usage if recorded is not None else 0,
+            live=live,
+            on_delta=on_delta,
+            inherited_prefix=recorded is not None and recorded.inherited,
+            redrive_trailing_model=recorded is None or not recorded.legacy,
+            new_id=self._new_id if live else None,
+            gate=gate,
+        )

@@ -1,0 +1,200 @@
+"""Exec (spec 4.2): admission, then the turn.
+
+Admission (before any frame): the deadline, the session (created when the request names none),
+the harness route (a per-turn override only between static harnesses), an open approval gate
+that refuses new inputs; then the session's guard, held while the turn is alive. The turn:
+Describe and placement, the session attached to its runtime, EXECUTION_START and the INPUTs
+appended atomically at ``expected_last_seq`` (CAS) with a new fence, the harness driven over a
+live sink. An Exec without inputs on an approval-bearing turn recovers that turn instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller import approvals, compute, recovery, sessions
+from agentsessions.host.controller.core import Core
+from agentsessions.host.controller.drive import settled
+from agentsessions.host.controller.errors import (
+    ConcurrencyError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+)
+from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
+from agentsessions.host.controller.state import Gate, SessionView, open_gate
+from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.sdk.harness import Start
+from agentsessions.v1 import common_pb2, session_pb2
+
+# Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
+K = common_pb2
+
+# What an Exec stream relays: durable records, ephemeral deltas, and (after a park, or at the end
+# of a recovery) the session.
+Update = common_pb2.LogRecord | session_pb2.Delta | SessionView
+
+
+@dataclass(frozen=True)
+class ExecParams:
+    session: str
+    inputs: Sequence[common_pb2.Message] = ()
+    harness: str = ""
+    config: bytes = b""
+    resume_from_seq: int = 0
+    expected_last_seq: int | None = None
+    deadline_unix: int = 0
+
+
+class Relay:
+    """Relays a turn's records and deltas to the Exec stream, in order."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Update | None] = asyncio.Queue()
+
+    async def record(self, rec: common_pb2.LogRecord) -> None:
+        self.queue.put_nowait(rec)
+
+    async def delta(self, delta: session_pb2.Delta) -> None:
+        self.queue.put_nowait(delta)
+
+
+@dataclass
+class Turn:
+    """An admitted Exec: :meth:`run` streams its records, deltas and (after a park) the session."""
+
+    core: Core
+    call: CallContext
+    params: ExecParams
+    view: SessionView  # the session at admission (the stream's first frame)
+    resolved: ResolvedHarness
+    recovery: Gate | None  # the approval gate an inputless Exec recovers
+    events: list[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
+
+    async def run(self) -> AsyncIterator[Update]:
+        relay = Relay()
+
+        async def work() -> None:
+            ending = await _execute(self, relay)
+            if ending is not None:
+                relay.queue.put_nowait(ending)
+
+        task = asyncio.create_task(work())
+        task.add_done_callback(lambda _: relay.queue.put_nowait(None))
+        try:
+            while True:
+                item = await relay.queue.get()
+                if item is None:
+                    break
+                yield item
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await settled(task)
+
+
+@contextlib.asynccontextmanager
+async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[Turn]:
+    """Route an Exec; errors raised here precede any frame. The session is guarded while the
+    returned turn is alive."""
+    if p.deadline_unix > 0 and time.time() >= p.deadline_unix:
+        raise DeadlineExceededError(f"deadline_unix {p.deadline_unix} has already passed")
+    if p.session:
+        row = await sessions.row(core, call, p.session)
+        resolved = await _route(core, row, p.harness)
+    else:
+        created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
+        row = created.row
+        resolved = await core.catalog.resolve(row.harness)
+    events, executions = await sessions.read(core, row)
+    gate = open_gate(events, executions)
+    if gate is not None and p.inputs:
+        raise FailedPreconditionError(
+            f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
+            f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
+        )
+    async with core.guards.hold(row.uid):
+        # Taking the guard did not yield: the journal read above is still this host's latest
+        # (another host's write is caught by the fence mint and the append, both CAS).
+        view = await sessions.view(core, row, (events, executions))
+        yield Turn(core, call, p, view, resolved, gate, events)
+
+
+async def _route(core: Core, row: SessionRow, override: str) -> ResolvedHarness:
+    if not override or override == row.harness:
+        return await core.catalog.resolve(row.harness)
+    if not core.catalog.is_static(row.harness):
+        raise FailedPreconditionError(
+            f"session {row.uid} is pinned to registered harness {row.harness!r}; it cannot be overridden"
+        )
+    resolved = await core.catalog.resolve(override)
+    if resolved.registered:
+        raise FailedPreconditionError(
+            f"harness override {override!r} is a registered harness; "
+            "overrides are between static harnesses only"
+        )
+    return resolved
+
+
+async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
+    """The admitted turn; the session when the stream must end with it (a park, or the end of a
+    recovery)."""
+    core, p, row, resolved = turn.core, turn.params, turn.view.row, turn.resolved
+    desc = await describe_placed(resolved)
+    if turn.recovery is not None:
+        return await _recover(turn, turn.recovery, relay)
+    # As read at admission: the guard has kept this host's writers out since.
+    events = turn.events
+    expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
+    history = list(events)
+    await compute.attach(resolved, row.uid)
+    execution_id = core.new_id()
+    start_event = common_pb2.Event(
+        execution_id=execution_id,
+        kind=K.EVENT_EXECUTION_START,
+        execution_start=common_pb2.ExecutionStart(
+            config=p.config,
+            resume_from_seq=p.resume_from_seq,
+            input_count=len(p.inputs),
+            harness=resolved.name,
+            harness_version=desc.version,
+        ),
+    )
+    inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
+    # The incarnation's fence is minted by its first append, in the same transaction: one durable
+    # commit, and only the writer that wins the head supersedes the one before it.
+    records = await core.writer.append(row.uid, [start_event, *inputs], expected, 0, mint_fence=True)
+    for rec in records:
+        await relay.record(rec)
+    start = Start(
+        session=row.uid,
+        execution_id=execution_id,
+        inputs=list(p.inputs),
+        history=history,
+        config=p.config,
+        resume_from_seq=p.resume_from_seq,
+    )
+    writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
+    sink = core.sinks.live(row, execution_id, writer, relay.delta)
+    parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
+    return await sessions.look(core, turn.call, row.uid) if parked is not None else None
+
+
+async def _recover(turn: Turn, gate: Gate, relay: Relay) -> SessionView:
+    """An inputless Exec on an approval-bearing turn: decide what the host may, then re-drive the
+    turn from the journal; the session as it ends (paused again, parked, or done)."""
+    core, p, row = turn.core, turn.params, turn.view.row
+    if p.expected_last_seq is not None:
+        head = await core.store.head(row.uid)
+        if head.seq != p.expected_last_seq:
+            raise ConcurrencyError(f"expected_last_seq {p.expected_last_seq} does not match head {head.seq}")
+    execution = await approvals.unblock(core, row, gate, on_record=relay.record)
+    if execution is not None:
+        await recovery.redrive(core, row, execution, "create", on_record=relay.record, on_delta=relay.delta)
+    return await sessions.look(core, turn.call, row.uid)

@@ -1,0 +1,97 @@
+"""Every write the controller makes to the journal: appends under a fence at an expected head
+(CAS), fence mints, lifecycle markers, and the writer one execution appends its records through.
+
+A refused CAS or a superseded fence becomes ConcurrencyError (ABORTED); whatever is made durable
+extends the journal cache, so the next read of the session costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from agentsessions.host.controller.errors import ConcurrencyError
+from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.journal import canon
+from agentsessions.host.journal.store import ConflictError, FencedError, JournalStore
+from agentsessions.host.telemetry.genai import journal_append
+from agentsessions.v1 import common_pb2
+
+# Called with each record an execution made durable (relayed to the Exec stream, in order).
+OnRecord = Callable[[common_pb2.LogRecord], Awaitable[None]]
+
+
+class JournalWriter:
+    """Appends, fences and markers for every session of this host."""
+
+    def __init__(self, store: JournalStore, cache: JournalCache) -> None:
+        self._store = store
+        self._cache = cache
+
+    async def append(
+        self, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int, *, mint_fence: bool = False
+    ) -> list[common_pb2.LogRecord]:
+        """Append ``events`` after record ``head`` under ``fence`` (or, with ``mint_fence``, under a
+        fence minted in the same transaction); ConcurrencyError when another writer won the head."""
+        normalized = [canon.normalize_event(e) for e in events]
+        try:
+            with journal_append(uid, len(normalized)) as span:
+                records = await self._store.append(
+                    uid, normalized, expected_head=head, fence=fence, mint_fence=mint_fence
+                )
+                span.wrote(records)
+        except ConflictError as exc:
+            raise ConcurrencyError(f"session {uid}: {exc}") from exc
+        except FencedError as exc:
+            raise ConcurrencyError(f"session {uid}: superseded by a newer writer: {exc}") from exc
+        self._cache.appended(uid, records)
+        return records
+
+    async def mint(self, uid: str, head: int) -> int:
+        """A new fence for this incarnation, minted only while the journal head is ``head``:
+        a writer that lost the race for the head never supersedes the one that won it."""
+        try:
+            return await self._store.new_fence(uid, expected_head=head)
+        except ConflictError as exc:
+            raise ConcurrencyError(f"session {uid}: {exc}") from exc
+
+    async def mint_at_head(self, uid: str) -> int:
+        """A new fence at the head as the store reports it now."""
+        return await self.mint(uid, (await self._store.head(uid)).seq)
+
+    async def marker(
+        self, uid: str, fence: int, lifecycle: common_pb2.Lifecycle, on_record: OnRecord | None = None
+    ) -> common_pb2.LogRecord:
+        """Append a lifecycle marker (no execution id) at the current head."""
+        head = await self._store.head(uid)
+        (rec,) = await self.append(
+            uid, [common_pb2.Event(kind=common_pb2.EVENT_LIFECYCLE, lifecycle=lifecycle)], head.seq, fence
+        )
+        if on_record is not None:
+            await on_record(rec)
+        return rec
+
+
+@dataclass
+class ExecutionWriter:
+    """Appends one execution's records in order, each extending the previous one (CAS)."""
+
+    journal: JournalWriter
+    uid: str
+    fence: int
+    head: int  # the execution's last record so far
+    on_record: OnRecord | None = None
+    strip_execution_id: bool = False  # legacy turns stay id-less in the journal
+
+    async def append(self, event: common_pb2.Event) -> common_pb2.LogRecord:
+        if self.strip_execution_id:
+            event.execution_id = ""
+        (rec,) = await self.journal.append(self.uid, [event], self.head, self.fence)
+        self.head = rec.seq
+        if self.on_record is not None:
+            await self.on_record(rec)
+        return rec
+
+    async def marker(self, lifecycle: common_pb2.Lifecycle) -> common_pb2.LogRecord:
+        """A lifecycle marker after the execution's records, under its fence."""
+        return await self.journal.marker(self.uid, self.fence, lifecycle, self.on_record)
