@@ -14,7 +14,8 @@ from agentsessions.sdk.errors import (
     ToolCallRejectedError,
 )
 from agentsessions.sdk.harness import EventSink, Harness, Start, message_text, text_message
-from agentsessions.sdk.server import HarnessServer, HarnessServicer, run_server, serve, start_server
+from agentsessions.sdk.servicer import HarnessServicer
+from agentsessions.sdk.serving import HarnessServer, run_server, serve, start_server
 
 __all__ = [
     "ApprovalParkedError",

@@ -54,7 +54,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import placement_refusal
 from agentsessions.host.telemetry.genai import journal_append, traced_turn
 from agentsessions.host.tools.errors import MissingToolExecutorError
-from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError, find_park
 from agentsessions.sdk.harness import Harness, Start
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 
@@ -565,8 +565,8 @@ class Controller:
             except TimeoutError as exc:
                 failure = DeadlineExceededError(f"deadline_unix {deadline_unix} passed during the turn")
                 failure.__cause__ = exc
-            except Exception as exc:
-                failure = exc
+            except Exception as exc:  # a park a framework wrapped is still the park
+                failure = None if sink.parked is not None and find_park(exc) is sink.parked else exc
         except asyncio.CancelledError:
             sink.close()
             with contextlib.suppress(Exception):
