@@ -73,9 +73,11 @@ def check_json(value: object, path: str = "value") -> None:
             "(send it as a string)"
         )
     if isinstance(value, float):
-        if math.isfinite(value):
-            return
-        raise ConversionError(f"{path}: {value} is not a finite number (JSON has no NaN or Infinity)")
+        if not math.isfinite(value):
+            raise ConversionError(f"{path}: {value} is not a finite number (JSON has no NaN or Infinity)")
+        if value.is_integer() and abs(value) > MAX_SAFE_INTEGER:
+            raise ConversionError(f"{path}: integral number {value:.0f} is beyond +-(2^53-1)")
+        return
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):

@@ -96,10 +96,14 @@ def conversation(
     for key, index in open_calls.items():
         if key not in answered:
             unanswered.setdefault(index, set()).add(key[1])
+    emptied: set[int] = set()
     for index, call_ids in unanswered.items():
         kept = tuple(p for p in out[index].parts if not (isinstance(p, ToolCall) and p.id in call_ids))
         out[index] = Message(out[index].role, kept)
-    out = [m for m in out if m.parts]
+        if not kept:
+            emptied.add(index)
+    if emptied:
+        out = [m for index, m in enumerate(out) if index not in emptied]
     out.extend(convert.message_from_proto(m) for m in inputs)
     return out
 
@@ -200,7 +204,11 @@ def require_harness(obj: object, where: str) -> Harness:
     if isinstance(obj, Harness):
         return obj
     missing = " and ".join(name for name in ("describe", "run") if not callable(getattr(obj, name, None)))
-    hint = " (a plain function: decorate it with @agentsessions.sdk.harness(...))" if callable(obj) else ""
+    hint = (
+        " (a plain function: decorate it with @agentsessions.sdk.define_harness(...))"
+        if callable(obj)
+        else ""
+    )
     raise TypeError(
         f"{where} needs a harness, an object with async describe() and run(start, sink); "
         f"got a {type(obj).__name__} without {missing}{hint}"

@@ -21,6 +21,6 @@ __all__ = [
     "StreamSink",
     "run_server",
     "serve",
-    "start_server",
     "start_from_frame",
+    "start_server",
 ]

@@ -67,14 +67,16 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"harness describe failed: {exc}")
             raise  # abort raises; this keeps type checkers honest
 
-    async def Connect(
+    # grpc.aio serves a coroutine handler that writes with context.write; the generated stub
+    # types only the generator form.
+    async def Connect(  # type: ignore[override]
         self,
         request_iterator: AsyncIterator[Frame],
         context: grpc.aio.ServicerContext[Frame, common_pb2.Event],
     ) -> None:
         async def read() -> Frame | None:
             frame = await context.read()
-            return None if frame is grpc.aio.EOF else frame  # type: ignore[return-value]
+            return None if frame is grpc.aio.EOF else frame
 
         try:
             async with asyncio.timeout(self._start_timeout):

@@ -275,7 +275,8 @@ class StreamSink:
             if frame.execution_id != self._execution_id:
                 raise self.fail(
                     CorrelationError(
-                        f"cancel execution_id mismatch: got {frame.execution_id!r}, want {self._execution_id!r}"
+                        f"cancel execution_id mismatch: got {frame.execution_id!r}, "
+                        f"want {self._execution_id!r}"
                     )
                 )
             raise self.cancel(frame.cancel.reason)
