@@ -19,7 +19,7 @@ import pytest
 from agentsessions.harnesses import coding_tools
 from agentsessions.harnesses.coding import CodingConfigError, CodingHarness, conversation
 from agentsessions.harnesses.coding_tools import SHELL_OUTPUT_LIMIT_BYTES, Workspace
-from agentsessions.sdk import Message, ModelCall, TextPart, ToolCall, convert
+from agentsessions.sdk import Mediation, Message, ModelCall, TextPart, ToolCall, convert
 from agentsessions.sdk.callids import completion_call_id, idempotency_key
 from agentsessions.sdk.testing import HarnessEnvironment, Outcome, Reply, check_replay
 from agentsessions.v1 import common_pb2, harness_pb2
@@ -143,7 +143,7 @@ async def test_ask_before_parks_write_file_with_a_deterministic_gated_call(works
     assert outcome.state == "PARKED"
     (event,) = of_kind(outcome, K.EVENT_TOOL_CALL)
     gated = convert.tool_call_from_proto(event.tool)
-    assert gated.mediation == APPROVAL
+    assert gated.mediation == Mediation.REQUIRES_APPROVAL
     assert gated.id == "m-1", "the model's own id is the journaled one"
     assert gated.idempotency_key == idempotency_key(outcome.execution_id, "m-1")
     assert gated.args == {"path": "new.txt", "content": "content\n", "workspace": str(workspace)}

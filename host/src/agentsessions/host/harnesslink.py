@@ -307,12 +307,10 @@ class _Bridge:
     async def _bridge(self) -> None:
         start = self._start
         sink = self._sink
-        replaying = isinstance(sink, RecordedResults) and sink.recorded_effects > 0
-        extensions = (
-            connect_metadata(sink.run_mode, sink.recorded_effects)
-            if replaying
-            else connect_metadata("live", 0)
-        )
+        if isinstance(sink, RecordedResults) and sink.recorded_effects > 0:
+            extensions = connect_metadata(sink.run_mode, sink.recorded_effects)
+        else:
+            extensions = connect_metadata("live", 0)
         try:
             # The turn's trace context rides along, so the harness's spans join the turn.
             self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
@@ -406,6 +404,7 @@ class _Bridge:
         approval = call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL
         if approval and (not self._start.session or not call.id):
             raise HarnessProtocolError("approval requires session and call id")
+        park: ApprovalParkedError | None = None
         try:
             result = await self._sink.tool_call(call)
         except ApprovalParkedError as parked:
@@ -414,8 +413,6 @@ class _Bridge:
                     f"host sink parked tool call {call.id!r}, which does not require approval"
                 ) from parked
             park = parked
-        else:
-            park = None
         if park is not None:
             # Outside the except block: a failed handoff is its own error, not a wrapped park.
             await self._park(park, call)

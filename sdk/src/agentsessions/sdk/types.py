@@ -1,10 +1,11 @@
 """The contract's values in native Python: what harness code reads and builds.
 
 Each class is the native twin of the ``agentsessions.v1`` message of the same name: small frozen
-dataclasses whose structured fields (tool arguments, outputs, schemas) are plain ``dict``\\ s of
-JSON values. Protobuf appears only at the wire: :mod:`agentsessions.sdk.convert` turns these into
-``*_pb2`` messages and back, exactly (a round trip gives the same message, so the model-input
-hash a replay checks does not move).
+dataclasses whose structured fields (tool arguments, outputs, schemas) are plain ``dict`` values
+of JSON; sequence fields accept any sequence (a list is fine) and hold a tuple. Protobuf appears
+only at the wire: :mod:`agentsessions.sdk.convert` turns these into ``*_pb2`` messages and back,
+exactly (a round trip gives the same message, so the model-input hash a replay checks does not
+move).
 
 Numbers in ``dict`` fields follow JSON: an integer stays an ``int`` through the wire's
 ``google.protobuf.Struct`` (``3`` comes back as ``3``, not ``3.0``; a float with an integral value,
@@ -15,7 +16,7 @@ Numbers in ``dict`` fields follow JSON: an integer stays an ``int`` through the 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,7 @@ class ReasoningPart:
     model_id: str = ""
     opaque: bytes | None = None
     opaque_uri: str = ""
-    summary: tuple[Part, ...] = ()
+    summary: Sequence[Part] = ()
     item_id: str = ""
     ordinal: int = 0
     validity_scope: str = ""
@@ -134,7 +135,7 @@ class ToolResult:
 
     id: str
     output: dict[str, Any] | None = None
-    content: tuple[Part, ...] = ()
+    content: Sequence[Part] = ()
     is_error: bool = False
     error: str = ""
     output_uri: str = ""
@@ -179,7 +180,7 @@ class Message:
     """A message in a conversation: a role ("user", "assistant", "system" or "tool") and parts."""
 
     role: str
-    parts: tuple[Part, ...] = ()
+    parts: Sequence[Part] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", _tuple(self.parts))
@@ -249,9 +250,9 @@ class ModelCall:
     (the chat-completions convention: a body field's name and its JSON text, ``{"temperature":
     "0.2"}``); they are journaled and reach the provider."""
 
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
     model: str = ""
-    tools: tuple[ToolDefinition, ...] = ()
+    tools: Sequence[ToolDefinition] = ()
     tool_choice: ToolChoice | None = None
     params: dict[str, str] = field(default_factory=dict)
 
@@ -292,8 +293,8 @@ class HarnessDescriptor:
 
     id: str
     version: str
-    models: tuple[str, ...] = ()
-    tools: tuple[ToolSpec, ...] = ()
+    models: Sequence[str] = ()
+    tools: Sequence[ToolSpec] = ()
     resumability: Resumability = Resumability.STATELESS_REPLAY
     fork_safe: bool = False
     requires_gpu: bool = False
