@@ -766,3 +766,28 @@ async def test_sink_is_closed_after_the_stream_ends() -> None:
     assert harness.sink is not None
     with pytest.raises(SinkClosedError):
         await harness.sink.output("late")
+
+
+async def test_the_history_arrives_whole_when_the_harness_reads_it() -> None:
+    history = [
+        common_pb2.Event(
+            execution_id=f"{n:016x}", kind=K.EVENT_INPUT, message=text_message("user", f"turn {n}")
+        )
+        for n in range(50)
+    ]
+    seen: list[list[common_pb2.Event]] = []
+
+    async def script(start: Start, sink: EventSink) -> None:
+        seen.append(list(start.history))
+        await sink.output(f"{len(start.history)} events, last {start.history[-1].message.parts[0].text.text}")
+
+    async with serving(ScriptedHarness(script)) as stub:
+        host = Host(stub)
+        start = harness_pb2.Start(inputs=[text_message("user", "now")], history=history, config=b"{}")
+        await host.send(
+            harness_pb2.ControllerFrame(session=SESSION, execution_id=EXECUTION, start=start), stamp=False
+        )
+        output = await host.recv()
+        assert (await host.end()).state == "COMPLETED"
+    assert seen == [history]
+    assert output is not None and output.message.parts[0].text.text == "50 events, last turn 49"

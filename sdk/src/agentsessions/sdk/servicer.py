@@ -26,6 +26,7 @@ from agentsessions.sdk.errors import ExecutionCancelledError, find_park
 from agentsessions.sdk.extensions import parse_connect_metadata
 from agentsessions.sdk.harness import Harness, Start, require_harness
 from agentsessions.sdk.sink import Frame, FrameWatcher, StreamSink
+from agentsessions.sdk.startframe import LazyHistory, parse_start_frame
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 logger = logging.getLogger("agentsessions.sdk.server")
@@ -75,18 +76,25 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
         context: grpc.aio.ServicerContext[Frame, common_pb2.Event],
     ) -> None:
         async def read() -> Frame | None:
-            frame = await context.read()
-            return None if frame is grpc.aio.EOF else frame
+            item: Any = await context.read()
+            if item is grpc.aio.EOF:
+                return None
+            return Frame.FromString(item) if isinstance(item, bytes) else item
 
         try:
             async with asyncio.timeout(self._start_timeout):
-                first = await read()
+                first: Any = await context.read()
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"no Start frame within {self._start_timeout} s"
             )
             return
-        if first is None or first.WhichOneof("frame") != "start":
+        if isinstance(first, bytes):  # served by add_to_server: the history stays unparsed for now
+            first = parse_start_frame(first)
+            is_start = first.HasField("start")
+        else:
+            is_start = first is not grpc.aio.EOF and first.WhichOneof("frame") == "start"
+        if not is_start:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first ControllerFrame must be Start")
             return
         if not first.execution_id:
@@ -223,20 +231,42 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
         await context.abort(grpc.StatusCode.UNKNOWN, description)
 
 
-def start_from_frame(frame: Frame) -> Start:
-    """The SDK's Start for a Start frame."""
+def start_from_frame(frame: Any) -> Start:
+    """The SDK's Start for a Start frame (a ControllerFrame, or the view ``startframe`` parses)."""
     body = frame.start
     return Start(
         session=frame.session,
         execution_id=frame.execution_id,
         inputs=body.inputs,
-        # The frame's own sequences: a Python object per event only for a harness that reads them
-        # (a history grows by ~5 events a turn; an echo turn never looks at it).
-        history=body.history,
+        # A Python object per event only for a harness that reads them (a history grows by ~5
+        # events a turn; an echo turn never looks at it): the view leaves it unparsed till then.
+        history=body.history if isinstance(frame, Frame) else LazyHistory(body),
         config=body.config,
         resume_from_seq=body.resume_from_seq,
         identity=body.identity if body.HasField("identity") else None,
     )
+
+
+def add_to_server(servicer: HarnessServicer, server: grpc.aio.Server) -> None:
+    """Serve ``servicer`` on ``server`` as ``agentsessions.v1.Harness``, taking Connect frames as
+    bytes so that the Start frame's history is parsed only if the harness reads it (what
+    ``add_HarnessServicer_to_server`` would do otherwise, frames fully parsed, works too)."""
+    handler = grpc.method_handlers_generic_handler(
+        harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name,
+        {
+            "Describe": grpc.unary_unary_rpc_method_handler(
+                servicer.Describe,
+                request_deserializer=harness_pb2.DescribeRequest.FromString,
+                response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
+            ),
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                servicer.Connect,
+                request_deserializer=bytes,
+                response_serializer=common_pb2.Event.SerializeToString,
+            ),
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
 
 
 def _end(execution_id: str, state: str, description: str) -> common_pb2.Event:

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 import grpc
 
 from agentsessions.sdk.harness import Harness, require_harness
-from agentsessions.sdk.servicer import HarnessServicer
+from agentsessions.sdk.servicer import HarnessServicer, add_to_server
 from agentsessions.sdk.tls import ServerTLS, add_port
-from agentsessions.v1 import harness_pb2_grpc
 
 # Histories and completions can be large; gRPC's 4 MiB default would cut long sessions off.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -48,7 +47,7 @@ async def start_server(
     before binding anything when ``harness`` is not a harness."""
     require_harness(harness, "start_server")
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    harness_pb2_grpc.add_HarnessServicer_to_server(servicer or HarnessServicer(harness), server)
+    add_to_server(servicer or HarnessServicer(harness), server)
     try:
         port = add_port(server, address, tls)
     except RuntimeError as exc:
