@@ -39,7 +39,7 @@ from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
 from agentsessions.sdk.extensions import connect_metadata
-from agentsessions.sdk.harness import ApprovalDetails, EventSink, RecordedResults, Start, message_text
+from agentsessions.sdk.harness import EventSink, Start, approval_details, message_text, recorded_results
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
@@ -307,8 +307,9 @@ class _Bridge:
     async def _bridge(self) -> None:
         start = self._start
         sink = self._sink
-        if isinstance(sink, RecordedResults) and sink.recorded_effects > 0:
-            extensions = connect_metadata(sink.run_mode, sink.recorded_effects)
+        replaying = recorded_results(sink)
+        if replaying is not None and replaying.recorded_effects > 0:
+            extensions = connect_metadata(replaying.run_mode, replaying.recorded_effects)
         else:
             extensions = connect_metadata("live", 0)
         try:
@@ -342,9 +343,10 @@ class _Bridge:
                 f"event execution_id mismatch: got {event.execution_id!r}, want {self._start.execution_id!r}"
             )
         approval_reason = kind == _KIND.EVENT_APPROVAL_REQUEST and event.WhichOneof("body") == "approval"
-        if approval_reason and isinstance(self._sink, ApprovalDetails):
+        details = approval_details(self._sink) if approval_reason else None
+        if details is not None:
             # The reason for the REQUIRES_APPROVAL call that follows (announced in the metadata).
-            self._sink.approval_reason(event.approval.tool_call_id, event.approval.reason)
+            details.approval_reason(event.approval.tool_call_id, event.approval.reason)
             return False
         if kind in _HOST_OWNED:
             raise HarnessProtocolError(f"harness emitted host-owned control event {name}")
@@ -392,13 +394,13 @@ class _Bridge:
         )
 
     async def _tool_call(self, call: common_pb2.ToolCall) -> None:
-        sink = self._sink
+        replaying = recorded_results(self._sink)
         if (
             call.mediation == common_pb2.MEDIATION_IN_HARNESS_REPORTED
-            and isinstance(sink, RecordedResults)
-            and sink.recorded_effects > 0
+            and replaying is not None
+            and replaying.recorded_effects > 0
         ):
-            recorded = await sink.recorded_report(call)
+            recorded = await replaying.recorded_report(call)
             await self._send(harness_pb2.ControllerFrame(tool=recorded))
             return
         approval = call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL

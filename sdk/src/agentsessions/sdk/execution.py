@@ -43,7 +43,7 @@ from agentsessions.sdk import convert
 from agentsessions.sdk.callids import CallIds, idempotency_key
 from agentsessions.sdk.errors import ExecutionCancelledError, ToolError
 from agentsessions.sdk.extensions import LIVE
-from agentsessions.sdk.harness import ApprovalDetails, EventSink, RecordedResults, Start
+from agentsessions.sdk.harness import EventSink, Start, approval_details, recorded_results
 from agentsessions.sdk.inputhash import model_input_hash
 from agentsessions.sdk.types import (
     HarnessDescriptor,
@@ -116,9 +116,9 @@ class Execution:
         self.sink = sink
         self.descriptor = descriptor
         self._ids = CallIds(start.execution_id)
-        self._recorded_results = sink if isinstance(sink, RecordedResults) else None
+        self._recorded_results = recorded_results(sink)
         self._recorded = self._recorded_results.recorded_effects if self._recorded_results is not None else 0
-        self._details = sink if isinstance(sink, ApprovalDetails) else None
+        self._details = approval_details(sink)
         self._issued = 0  # effects issued through the sink so far, in order
         self._batch: _Batch | None = None
         self._inputs: list[Message] | None = None

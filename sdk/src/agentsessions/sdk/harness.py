@@ -194,6 +194,23 @@ class Harness(Protocol):
         ...
 
 
+def recorded_results(sink: object) -> RecordedResults | None:
+    """``sink`` when it offers the recorded-results surface (a cheap check: a protocol
+    ``isinstance`` costs tens of microseconds, on every execution)."""
+    if callable(getattr(sink, "recorded_report", None)) and hasattr(sink, "recorded_effects"):
+        return sink  # type: ignore[return-value]
+    return None
+
+
+def approval_details(sink: object) -> ApprovalDetails | None:
+    """``sink`` when it offers the approval-details surface (checked as cheaply)."""
+    if callable(getattr(sink, "approval_decision", None)) and callable(
+        getattr(sink, "approval_reason", None)
+    ):
+        return sink  # type: ignore[return-value]
+    return None
+
+
 def require_harness(obj: object, where: str) -> Harness:
     """``obj`` when it is a harness; a TypeError saying what it is instead otherwise."""
     if isinstance(obj, type):

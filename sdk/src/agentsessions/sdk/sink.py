@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from agentsessions.sdk.approval import host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import (
@@ -226,17 +225,8 @@ class StreamSink:
 
     # -- internals -------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _exclusive(self) -> AsyncIterator[None]:
-        if self._seal is not None:
-            raise self._seal
-        async with self._lock:
-            if self._seal is not None:
-                raise self._seal
-            try:
-                yield
-            finally:
-                self.awaiting = False
+    def _exclusive(self) -> _Exclusive:
+        return _Exclusive(self)
 
     async def _send(self, event: common_pb2.Event) -> None:
         """Write an event that needs no reply."""
@@ -251,12 +241,14 @@ class StreamSink:
     async def _request(self, event: common_pb2.Event, what: str) -> Frame:
         # Before the write: a watcher may read the reply before this coroutine resumes.
         self.awaiting = True
-        await self._send(event)
-        return await self._next_frame(f"reply to {what}")
+        return await self._next_frame(f"reply to {what}", event)
 
-    async def _next_frame(self, what: str) -> Frame:
+    async def _next_frame(self, what: str, request: common_pb2.Event | None = None) -> Frame:
+        """The next host frame, checked; ``request`` is written first, under the same bound."""
         try:
             async with asyncio.timeout(self._reply_timeout):
+                if request is not None:
+                    await self._write(request)
                 frame = await self.reader()
         except TimeoutError:
             raise self.fail(ProtocolError(f"no {what} from host within {self._reply_timeout} s")) from None
@@ -332,6 +324,29 @@ class StreamSink:
             if conflict is not None:
                 raise self.fail(ProtocolError(conflict))
         return result
+
+
+class _Exclusive:
+    """One sink call at a time, on an open sink (a class, not a generator: it runs on every call)."""
+
+    __slots__ = ("_sink",)
+
+    def __init__(self, sink: StreamSink) -> None:
+        self._sink = sink
+
+    async def __aenter__(self) -> None:
+        sink = self._sink
+        if sink._seal is not None:
+            raise sink._seal
+        await sink._lock.acquire()
+        if sink._seal is not None:
+            sink._lock.release()
+            raise sink._seal
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # From the request until the call returns, host frames are replies; after, unsolicited.
+        self._sink.awaiting = False
+        self._sink._lock.release()
 
 
 class FrameWatcher:
