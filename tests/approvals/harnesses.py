@@ -8,8 +8,9 @@ from the journal. Without a config it makes one REQUIRES_APPROVAL ``stamp`` call
 arguments carry the model's answer. Everything it emits is derived from the Start and from the
 sink's replies, so a re-run of an execution emits the same effects (STATELESS_REPLAY).
 
-:class:`BlockingHarness` emits one OUTPUT and then waits until the host cancels it: it polls the
-sink's cancel flag when it runs behind Harness.Connect, and is cancelled as a task in-process.
+:class:`BlockingHarness` emits one OUTPUT and then waits until the host cancels it, told by its
+cancel hook (``agentsessions.sdk.harness``): in-process by the host, behind Harness.Connect by the
+SDK when the Cancel frame arrives while the harness is busy with its own work.
 """
 
 from __future__ import annotations
@@ -106,20 +107,28 @@ class ToolHarness:
 
 
 class BlockingHarness:
-    """Emits "working", then blocks until cancelled."""
+    """Emits "working", then waits for its cancel hook and ends by itself."""
 
     def __init__(self) -> None:
         self.entered = asyncio.Event()
+        self._cancelled: dict[str, asyncio.Event] = {}
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
         return descriptor("blocker")
 
     async def run(self, start: Start, sink: EventSink) -> None:
-        await sink.output("working")
-        self.entered.set()
-        async with asyncio.timeout(BLOCK_LIMIT_S):
-            # Behind Connect the SDK's sink records the host's Cancel (there is no awaitable for it
-            # outside a sink call, hence the poll); in-process the task itself is cancelled.
-            while getattr(sink, "cancel_reason", None) is None:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-        await sink.output("unreachable: the sink is sealed after a cancel")
+        cancelled = self._cancelled.setdefault(start.execution_id, asyncio.Event())
+        try:
+            await sink.output("working")
+            self.entered.set()
+            async with asyncio.timeout(BLOCK_LIMIT_S):
+                await cancelled.wait()
+        finally:
+            self._cancelled.pop(start.execution_id, None)
+
+    async def cancel(self, execution_id: str, reason: str) -> bool:
+        cancelled = self._cancelled.get(execution_id)
+        if cancelled is None:
+            return False
+        cancelled.set()
+        return True  # run() returns as soon as it sees the event

@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agentsessions.harnesses.coding import idempotency_key, tool_call_id
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.scripted import ScriptedModel, assistant_tool_calls, tool_call_part
 from agentsessions.host.tools import PythonCallableExecutor, ToolRegistry
+from agentsessions.sdk.callids import idempotency_key
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import approve, get, journal, kinds, new_session, outputs, records, resume, say
 from tests.support.host import running_host
@@ -82,8 +82,8 @@ async def test_ask_before_write_parks_then_the_host_writes_once(
         execution_id = recs[0].event.execution_id
         call = recs[4].event.tool
         assert call.tool == "write_file" and call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL
-        assert call.id == tool_call_id(execution_id, 0, 0)
-        assert call.idempotency_key == idempotency_key(execution_id, 0, 0)
+        assert call.id == "m-1", "the model's own call id is the journaled one"
+        assert call.idempotency_key == idempotency_key(execution_id, "m-1")
         assert dict(call.args) == {
             "path": "hello.py",
             "content": "print('hello')\n",

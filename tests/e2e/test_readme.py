@@ -93,7 +93,7 @@ def test_the_python_client_block_runs_as_written(host: str, tmp_path: Path) -> N
 
 
 def serve_command() -> list[str]:
-    """The README's ``agentsessions-harness serve ...`` command for ``my_echo.py``, on a free port."""
+    """The README's ``agentsessions-harness serve ...`` command for its harness file, on a free port."""
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"Serve it with `(agentsessions-harness serve [^`]+)`", readme)
     assert found, "README lost its harness serve command"
@@ -102,10 +102,13 @@ def serve_command() -> list[str]:
 
 
 async def test_the_harness_block_serves_as_written_from_its_folder(tmp_path: Path) -> None:
-    """``my_echo.py`` from the README, served by the README's command run in the file's own folder."""
+    """The README's harness file, served by the README's command run in the file's own folder."""
     folder = tmp_path / "mine"
     folder.mkdir()
-    (folder / "my_echo.py").write_text(readme_block("harness", "python"))
+    block = readme_block("harness", "python")
+    name = re.match(r"# (\w+\.py)\n", block)
+    assert name, "the README's harness block starts with its file name"
+    (folder / name.group(1)).write_text(block)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     async with harness_process(serve_command(), cwd=folder, env=env) as harness:
         host = HostProcess(tmp_path / "j.db", tmp_path, ["--harness", f"mine={harness.address}"])

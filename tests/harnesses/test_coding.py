@@ -1,147 +1,80 @@
-"""The coding harness driven in-process by a journal-recording sink and the scripted model.
+"""The coding harness in the SDK's test environment, with the scripted model and the host's
+coding tools as the environment's host-run tools.
 
-The sink plays the host: it journals each effect, calls the ScriptedModel for model calls,
-parks REQUIRES_APPROVAL calls until a decision is configured, and runs approved calls through
-the host's real ToolRegistry over the coding_tools executor functions.
+The environment plays the host: it journals each effect, answers model calls from the script,
+parks REQUIRES_APPROVAL calls until the test decides, runs approved calls through the coding_tools
+host entry points, re-drives an interrupted execution and replays finished ones.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 
 from agentsessions.harnesses import coding_tools
-from agentsessions.harnesses.coding import (
-    CodingConfigError,
-    CodingHarness,
-    conversation,
-    idempotency_key,
-    model_call_id,
-    tool_call_id,
-)
+from agentsessions.harnesses.coding import CodingConfigError, CodingHarness, conversation
 from agentsessions.harnesses.coding_tools import SHELL_OUTPUT_LIMIT_BYTES, Workspace
-from agentsessions.host.models.scripted import (
-    Completion,
-    ScriptedModel,
-    assistant_text,
-    assistant_tool_calls,
-    tool_call_part,
-)
-from agentsessions.host.tools import PythonCallableExecutor, ToolRegistry
-from agentsessions.sdk.errors import ApprovalParkedError
-from agentsessions.sdk.harness import Start, message_text, text_message
+from agentsessions.sdk import Mediation, Message, ModelCall, TextPart, ToolCall, convert
+from agentsessions.sdk.callids import completion_call_id, idempotency_key
+from agentsessions.sdk.testing import HarnessEnvironment, Outcome, Reply, check_replay
 from agentsessions.v1 import common_pb2, harness_pb2
 
-EXECUTION = "0123456789abcdef"
-SESSION = "sess-00000000000000000000c0de"
 APPROVAL = common_pb2.MEDIATION_REQUIRES_APPROVAL
 REPORTED = common_pb2.MEDIATION_IN_HARNESS_REPORTED
+K = common_pb2
 
 
-class DictReceipts:
-    def __init__(self) -> None:
-        self.receipts: dict[tuple[str, str], bytes] = {}
+def host_tool(name: str) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    entry = getattr(coding_tools, name)
 
-    async def get_tool_receipt(self, uid: str, key: str) -> common_pb2.ToolResult | None:
-        raw = self.receipts.get((uid, key))
-        return None if raw is None else common_pb2.ToolResult.FromString(raw)
-
-    async def put_tool_receipt(self, uid: str, key: str, result: common_pb2.ToolResult) -> None:
-        self.receipts.setdefault((uid, key), result.SerializeToString())
-
-
-def host_registry() -> ToolRegistry:
-    executors = [
-        PythonCallableExecutor.from_import_path(f"agentsessions.harnesses.coding_tools:{name}")
-        for name in ("write_file", "edit_file", "run_shell")
-    ]
-    return ToolRegistry(DictReceipts(), executors)
-
-
-class JournalSink:
-    """An EventSink recording journal-like entries: (kind, message) in order.
-
-    ``decision`` None parks every approval-gated call; True/False approves or denies it.
-    """
-
-    def __init__(self, script: Sequence[Completion], *, decision: bool | None = None) -> None:
-        self.model_provider = ScriptedModel(script)
-        self.decision = decision
-        self.registry = host_registry()
-        self.journal: list[tuple[str, Any]] = []
-
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.journal]
-
-    def entries(self, kind: str) -> list[Any]:
-        return [body for k, body in self.journal if k == kind]
-
-    async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
-        self.journal.append(("MODEL_CALL", call))
-        result = await self.model_provider.complete(call)
-        self.journal.append(("OUTPUT", result.message))
+    async def run(args: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await entry(args, None)
         return result
 
-    async def output(self, text: str) -> None:
-        self.journal.append(("OUTPUT", text_message("assistant", text)))
-
-    async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        assert call.mediation == APPROVAL, "the coding harness routes only gated calls to the host"
-        self.journal.append(("TOOL_CALL", call))
-        self.journal.append(("APPROVAL_REQUEST", call.id))
-        if self.decision is None:
-            raise ApprovalParkedError(
-                common_pb2.ApprovalRef(
-                    execution_id=EXECUTION, tool_call_id=call.id, request_seq=len(self.journal)
-                )
-            )
-        if self.decision:
-            result = await self.registry.execute(SESSION, call)
-        else:
-            denied = "Tool execution denied by approval decision."
-            result = common_pb2.ToolResult(
-                id=call.id,
-                is_error=True,
-                code=common_pb2.ToolResult.APPROVAL_DENIED,
-                error=denied,
-                content=[common_pb2.Part(text=common_pb2.TextPart(text=denied))],
-            )
-        self.journal.append(("TOOL_RESULT", result))
-        return result
-
-    async def report(self, result: common_pb2.ToolResult) -> None:
-        self.journal.append(("TOOL_RESULT", result))
-
-    async def usage(self, usage: common_pb2.Usage) -> None:
-        self.journal.append(("USAGE", usage))
+    return run
 
 
-def start(workspace: Path, mode: str, *inputs: str, **config: Any) -> Start:
-    document = {"workspace": str(workspace), "mode": mode, **config}
-    return Start(
-        session=SESSION,
-        execution_id=EXECUTION,
-        inputs=[text_message("user", text) for text in inputs or ("please help",)],
-        config=json.dumps(document).encode(),
-    )
+def host_tools() -> dict[str, Any]:
+    """The host-side executors the coding harness's gated calls run on."""
+    return {name: host_tool(name) for name in ("write_file", "edit_file", "run_shell")}
 
 
-def offered(call: common_pb2.ModelCall) -> list[str]:
-    return [tool.name for tool in call.tools]
+def environment(script: Sequence[Reply]) -> HarnessEnvironment:
+    return HarnessEnvironment(CodingHarness(), model=script, tools=host_tools())
+
+
+def settings(workspace: Path, mode: str, **config: Any) -> dict[str, Any]:
+    return {"workspace": str(workspace), "mode": mode, **config}
+
+
+def calls(*parts: ToolCall, text: str = "") -> Message:
+    """An assistant completion proposing tool calls."""
+    return Message("assistant", ((TextPart(text),) if text else ()) + parts)
+
+
+def call(call_id: str, tool: str, **args: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=tool, args=args)
+
+
+def write(path: str, content: str, call_id: str = "m-1") -> Message:
+    return calls(call(call_id, "write_file", path=path, content=content))
+
+
+def of_kind(outcome: Outcome, kind: int) -> list[common_pb2.Event]:
+    return [e for e in outcome.events if e.kind == kind]
 
 
 def output_of(result: common_pb2.ToolResult) -> dict[str, Any]:
-    return json_format.MessageToDict(result.output)
+    return convert.dict_from_struct(result.output)
 
 
-def write(path: str, content: str, call_id: str = "m-1") -> common_pb2.Message:
-    return assistant_tool_calls(tool_call_part(call_id, "write_file", {"path": path, "content": content}))
+def offered(request: ModelCall) -> list[str]:
+    return [tool.name for tool in request.tools]
 
 
 @pytest.fixture
@@ -154,7 +87,7 @@ def workspace(tmp_path: Path) -> Path:
 
 async def test_describe() -> None:
     descriptor = await CodingHarness().describe()
-    assert (descriptor.id, descriptor.version) == ("coding", "1")
+    assert (descriptor.id, descriptor.version) == ("coding", "2")
     assert descriptor.capabilities.resumability == harness_pb2.RESUMABILITY_STATELESS_REPLAY
     assert {tool.name: tool.mediation for tool in descriptor.tools} == {
         "read_file": REPORTED,
@@ -166,105 +99,106 @@ async def test_describe() -> None:
 
 
 async def test_plan_mode_offers_no_write_tools_and_refuses_them(workspace: Path) -> None:
-    sink = JournalSink([write("new.txt", "x"), "I only looked."])
-    await CodingHarness().run(start(workspace, "plan"), sink)
-    first, second = sink.entries("MODEL_CALL")
+    env = environment([write("new.txt", "x"), "I only looked."])
+    outcome = await env.run("please help", config=settings(workspace, "plan"))
+    first, second = env.requests
     assert offered(first) == ["read_file", "list_dir"]
-    (refusal,) = sink.entries("TOOL_RESULT")
-    assert refusal.is_error
-    assert refusal.id == tool_call_id(EXECUTION, 0, 0)
+    (refusal,) = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
+    assert refusal.is_error and refusal.id == "m-1"
     assert "not available in plan mode" in refusal.error
     assert not (workspace / "new.txt").exists()
-    assert "TOOL_CALL" not in sink.kinds()
+    assert "TOOL_CALL" not in outcome.kinds()
     # The model saw the refusal, correlated to its own call id.
-    tool_message = second.messages[-1]
-    assert tool_message.role == "tool"
-    assert tool_message.parts[0].tool_result.id == "m-1"
-    assert tool_message.parts[0].tool_result.is_error
+    (answer,) = second.messages[-1].tool_results
+    assert second.messages[-1].role == "tool" and answer.id == "m-1" and answer.is_error
 
 
 async def test_reads_run_in_the_harness_and_are_reported_before_the_model_sees_them(workspace: Path) -> None:
-    script: list[Completion] = [
-        assistant_tool_calls(
-            tool_call_part("r1", "read_file", {"path": "README.md"}), tool_call_part("r2", "list_dir", {})
-        ),
+    script: list[Reply] = [
+        calls(call("r1", "read_file", path="README.md"), call("r2", "list_dir")),
         "The README says hello.",
     ]
-    sink = JournalSink(script)
-    await CodingHarness().run(start(workspace, "plan"), sink)
-    assert sink.kinds() == ["MODEL_CALL", "OUTPUT", "TOOL_RESULT", "TOOL_RESULT", "MODEL_CALL", "OUTPUT"]
-    read, listing = sink.entries("TOOL_RESULT")
+    env = environment(script)
+    outcome = await env.run("please help", config=settings(workspace, "plan"))
+    assert outcome.kinds()[2:] == [
+        "MODEL_CALL",
+        "OUTPUT",
+        "TOOL_RESULT",
+        "TOOL_RESULT",
+        "MODEL_CALL",
+        "OUTPUT",
+        "END",
+    ]
+    read, listing = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
     assert output_of(read) == {"path": "README.md", "content": "hello\n", "truncated": False}
     assert output_of(listing)["entries"] == ["README.md"]
-    final_call = sink.entries("MODEL_CALL")[1]
-    assert [m.role for m in final_call.messages] == ["system", "user", "assistant", "tool", "tool"]
-    assert final_call.messages[3].parts[0].tool_result.output == read.output
+    final = env.requests[1]
+    assert [m.role for m in final.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert final.messages[3].tool_results[0].output == output_of(read)
 
 
 async def test_ask_before_parks_write_file_with_a_deterministic_gated_call(workspace: Path) -> None:
-    sink = JournalSink([write("new.txt", "content\n"), "written"])
-    with pytest.raises(ApprovalParkedError):
-        await CodingHarness().run(start(workspace, "ask-before"), sink)
-    (call,) = sink.entries("TOOL_CALL")
-    assert call.mediation == APPROVAL
-    assert call.id == tool_call_id(EXECUTION, 0, 0) == f"call-{EXECUTION}-0-0"
-    assert call.idempotency_key == idempotency_key(EXECUTION, 0, 0) == f"coding-{EXECUTION}-0-0"
-    assert dict(call.args) == {"path": "new.txt", "content": "content\n", "workspace": str(workspace)}
+    env = environment([write("new.txt", "content\n"), "written"])
+    outcome = await env.run("please help", config=settings(workspace, "ask-before"))
+    assert outcome.state == "PARKED"
+    (event,) = of_kind(outcome, K.EVENT_TOOL_CALL)
+    gated = convert.tool_call_from_proto(event.tool)
+    assert gated.mediation == Mediation.REQUIRES_APPROVAL
+    assert gated.id == "m-1", "the model's own id is the journaled one"
+    assert gated.idempotency_key == idempotency_key(outcome.execution_id, "m-1")
+    assert gated.args == {"path": "new.txt", "content": "content\n", "workspace": str(workspace)}
     assert not (workspace / "new.txt").exists()
-    assert sink.kinds()[-1] == "APPROVAL_REQUEST"
+    assert outcome.kinds()[-1] == "APPROVAL_REQUEST"
+    assert env.approval_reason() == "write_file needs approval in ask-before mode"
 
 
 async def test_ask_before_recovery_reissues_the_same_call_and_the_host_performs_it(workspace: Path) -> None:
-    script: list[Completion] = [write("new.txt", "content\n"), "written"]
-    parked = JournalSink(script)
-    with pytest.raises(ApprovalParkedError):
-        await CodingHarness().run(start(workspace, "ask-before"), parked)
-    approved = JournalSink(script, decision=True)
-    await CodingHarness().run(start(workspace, "ask-before"), approved)
-    # Replay reproduces the model request and the gated call byte for byte.
-    assert (
-        parked.entries("MODEL_CALL")[0].SerializeToString()
-        == approved.entries("MODEL_CALL")[0].SerializeToString()
-    )
-    assert (
-        parked.entries("TOOL_CALL")[0].SerializeToString()
-        == approved.entries("TOOL_CALL")[0].SerializeToString()
-    )
+    env = environment([write("new.txt", "content\n"), "written"])
+    parked = await env.run("please help", config=settings(workspace, "ask-before"))
+    env.approve("looks right")
+    resumed = await env.resume()
+    assert resumed.state == "COMPLETED"
     assert (workspace / "new.txt").read_text(encoding="utf-8") == "content\n"
-    (receipt,) = approved.entries("TOOL_RESULT")
-    assert not receipt.is_error
-    assert output_of(receipt)["created"] is True
-    final = approved.entries("MODEL_CALL")[1]
-    assert final.messages[-1].parts[0].tool_result.id == "m-1"
-    assert message_text(approved.entries("OUTPUT")[-1]) == "written"
+    receipt = next(e.result for e in of_kind(resumed, K.EVENT_TOOL_RESULT))
+    assert not receipt.is_error and output_of(receipt)["created"] is True
+    assert receipt.approval_request_seq == len(parked.events)
+    final = env.requests[-1]
+    assert final.messages[-1].tool_results[0].id == "m-1"
+    assert resumed.outputs[-1] == "written"
+    # The recovery re-issued the recorded model request and gated call exactly (or it would have
+    # diverged); a replay does it once more with the model and the tool untouched.
+    report = await env.replay()
+    assert (report.executions, report.model_calls, len(env.tool_runs)) == (1, 0, 1)
 
 
 async def test_a_denied_call_reaches_the_model_as_an_error_and_nothing_is_written(workspace: Path) -> None:
-    sink = JournalSink([write("new.txt", "x"), "ok, I will not"], decision=False)
-    await CodingHarness().run(start(workspace, "ask-before"), sink)
+    env = environment([write("new.txt", "x"), "ok, I will not"])
+    await env.run("please help", config=settings(workspace, "ask-before"))
+    env.deny("not now")
+    await env.resume()
     assert not (workspace / "new.txt").exists()
-    answer = sink.entries("MODEL_CALL")[1].messages[-1].parts[0].tool_result
-    assert answer.is_error
-    assert answer.error == "Tool execution denied by approval decision."
+    (answer,) = env.requests[-1].messages[-1].tool_results
+    assert answer.is_error and answer.error == "Tool execution denied by approval decision."
+    assert answer.decision is None, "the decision stays transport-only"
 
 
 async def test_auto_writes_in_the_workspace_and_reports(workspace: Path) -> None:
-    script: list[Completion] = [
+    script: list[Reply] = [
         write("src/app.py", "print('hi')\n"),
-        assistant_tool_calls(tool_call_part("s1", "run_shell", {"command": "cat src/app.py; echo done >&2"})),
+        calls(call("s1", "run_shell", command="cat src/app.py; echo done >&2")),
         "done",
     ]
-    sink = JournalSink(script)
-    await CodingHarness().run(start(workspace, "auto"), sink)
+    env = environment(script)
+    outcome = await env.run("please help", config=settings(workspace, "auto"))
     assert (workspace / "src" / "app.py").read_text(encoding="utf-8") == "print('hi')\n"
-    assert "TOOL_CALL" not in sink.kinds()
-    wrote, ran = sink.entries("TOOL_RESULT")
-    assert wrote.id == tool_call_id(EXECUTION, 0, 0)
-    assert output_of(wrote) == {"path": "src/app.py", "bytes_written": 12.0, "created": True}
-    assert ran.id == tool_call_id(EXECUTION, 1, 0)
+    assert "TOOL_CALL" not in outcome.kinds()
+    wrote, ran = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
+    assert wrote.id == "m-1"
+    assert output_of(wrote) == {"path": "src/app.py", "bytes_written": 12, "created": True}
+    assert ran.id == "s1"
     shell = output_of(ran)
     assert (shell["exit_code"], shell["stdout"], shell["stderr"], shell["timed_out"]) == (
-        0.0,
+        0,
         "print('hi')\n",
         "done\n",
         False,
@@ -272,25 +206,40 @@ async def test_auto_writes_in_the_workspace_and_reports(workspace: Path) -> None
 
 
 async def test_allow_edits_edits_in_the_harness_but_gates_the_shell(workspace: Path) -> None:
-    script: list[Completion] = [
-        assistant_tool_calls(
-            tool_call_part(
-                "e1", "edit_file", {"path": "README.md", "old_string": "hello", "new_string": "bye"}
-            )
-        ),
-        assistant_tool_calls(tool_call_part("s1", "run_shell", {"command": "rm README.md", "timeout_s": 5})),
+    script: list[Reply] = [
+        calls(call("e1", "edit_file", path="README.md", old_string="hello", new_string="bye")),
+        calls(call("s1", "run_shell", command="rm README.md", timeout_s=5)),
     ]
-    sink = JournalSink(script)
-    with pytest.raises(ApprovalParkedError):
-        await CodingHarness().run(start(workspace, "allow-edits", shell_timeout_s=10), sink)
+    env = environment(script)
+    outcome = await env.run("please help", config=settings(workspace, "allow-edits", shell_timeout_s=10))
+    assert outcome.state == "PARKED"
     assert (workspace / "README.md").read_text(encoding="utf-8") == "bye\n"
-    (edit,) = sink.entries("TOOL_RESULT")
-    assert output_of(edit) == {"path": "README.md", "replacements": 1.0}
-    (gated,) = sink.entries("TOOL_CALL")
-    assert gated.tool == "run_shell"
-    assert gated.id == tool_call_id(EXECUTION, 1, 0)
-    assert dict(gated.args) == {"command": "rm README.md", "timeout_s": 5.0, "workspace": str(workspace)}
+    (edit,) = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
+    assert output_of(edit) == {"path": "README.md", "replacements": 1}
+    (event,) = of_kind(outcome, K.EVENT_TOOL_CALL)
+    gated = convert.tool_call_from_proto(event.tool)
+    assert (gated.name, gated.id) == ("run_shell", "s1")
+    assert gated.args == {"command": "rm README.md", "timeout_s": 5, "workspace": str(workspace)}
     assert (workspace / "README.md").exists()
+
+
+async def test_recovery_does_not_repeat_an_in_harness_edit(workspace: Path) -> None:
+    """allow-edits runs edits in the harness; once reported, a recovery serves the recorded
+    result instead of editing again (the edit's old text is gone: a re-run would fail)."""
+    script: list[Reply] = [
+        calls(call("e1", "edit_file", path="README.md", old_string="hello", new_string="hello again")),
+        "edited",
+    ]
+    env = environment(script)
+    crashed = await env.run("please help", config=settings(workspace, "allow-edits"), crash_after=2)
+    assert crashed.state == "CRASHED" and crashed.kinds()[-1] == "TOOL_RESULT"
+    resumed = await env.resume()
+    assert resumed.state == "COMPLETED" and resumed.outputs[-1] == "edited"
+    assert (workspace / "README.md").read_text(encoding="utf-8") == "hello again\n"
+    assert len(of_kind(resumed, K.EVENT_TOOL_RESULT)) == 1, "the report was not written twice"
+    report = await env.replay()
+    assert report.recorded_results_served == 1
+    assert (workspace / "README.md").read_text(encoding="utf-8") == "hello again\n"
 
 
 @pytest.mark.parametrize(
@@ -312,9 +261,9 @@ async def test_paths_leading_out_of_the_workspace_are_refused(
     (outside / "secret.txt").write_text("secret", encoding="utf-8")
     (workspace / "link").symlink_to(outside, target_is_directory=True)
     args = {key: value.replace("{outside}", str(outside)) for key, value in args.items()}
-    sink = JournalSink([assistant_tool_calls(tool_call_part("x1", tool, args)), "refused"])
-    await CodingHarness().run(start(workspace, "auto"), sink)
-    (result,) = sink.entries("TOOL_RESULT")
+    env = environment([calls(call("x1", tool, **args)), "refused"])
+    outcome = await env.run("please help", config=settings(workspace, "auto"))
+    (result,) = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
     assert result.is_error
     assert "escapes the workspace" in result.error
     assert not (outside / "planted.txt").exists()
@@ -322,15 +271,11 @@ async def test_paths_leading_out_of_the_workspace_are_refused(
 
 
 async def test_a_shell_command_past_its_timeout_is_killed(workspace: Path) -> None:
-    script: list[Completion] = [
-        assistant_tool_calls(
-            tool_call_part("s1", "run_shell", {"command": "echo started; sleep 60; echo late"})
-        ),
-        "gave up",
-    ]
-    sink = JournalSink(script)
-    await CodingHarness().run(start(workspace, "auto", shell_timeout_s=0.5), sink)
-    (result,) = sink.entries("TOOL_RESULT")
+    env = environment(
+        [calls(call("s1", "run_shell", command="echo started; sleep 60; echo late")), "gave up"]
+    )
+    outcome = await env.run("please help", config=settings(workspace, "auto", shell_timeout_s=0.5))
+    (result,) = [e.result for e in of_kind(outcome, K.EVENT_TOOL_RESULT)]
     shell = output_of(result)
     assert shell["timed_out"] is True
     assert shell["exit_code"] is None
@@ -357,66 +302,53 @@ async def test_edit_file_needs_exactly_one_occurrence(tmp_path: Path) -> None:
 
 
 async def test_the_loop_is_bounded_by_max_steps(workspace: Path) -> None:
-    looping = assistant_tool_calls(tool_call_part("", "list_dir", {"path": "."}))
-    sink = JournalSink([looping, looping, looping])
-    await CodingHarness().run(start(workspace, "plan", max_steps=2), sink)
-    assert len(sink.entries("MODEL_CALL")) == 2
-    assert message_text(sink.entries("OUTPUT")[-1]) == "Stopped after 2 model steps without a final answer."
+    looping = calls(call("", "list_dir", path="."))
+    env = environment([looping, looping, looping])
+    outcome = await env.run("please help", config=settings(workspace, "plan", max_steps=2))
+    assert len(env.requests) == 2
+    assert outcome.outputs[-1] == "Stopped after 2 model steps without a final answer."
     # Ids the model left empty are filled deterministically so results still correlate.
-    second = sink.entries("MODEL_CALL")[1]
-    assert second.messages[-2].parts[0].tool_call.id == tool_call_id(EXECUTION, 0, 0)
-    assert second.messages[-1].parts[0].tool_result.id == tool_call_id(EXECUTION, 0, 0)
+    second = env.requests[1]
+    filled = completion_call_id(outcome.execution_id, 0, 0)
+    assert second.messages[-2].tool_calls[0].id == filled
+    assert second.messages[-1].tool_results[0].id == filled
 
 
 async def test_reruns_of_an_execution_are_byte_identical(workspace: Path) -> None:
-    script: list[Completion] = [
-        assistant_tool_calls(tool_call_part("r1", "read_file", {"path": "README.md"})),
-        "fine",
-    ]
-    runs = []
-    sinks = []
+    script: list[Reply] = [calls(call("r1", "read_file", path="README.md")), "fine"]
+    journals = []
     for _ in range(2):
-        sink = JournalSink(script)
-        await CodingHarness().run(start(workspace, "ask-before"), sink)
-        sinks.append(sink)
-        runs.append([(kind, body.SerializeToString()) for kind, body in sink.journal])
-    assert runs[0] == runs[1]
-    model_ids = [call.id for call in sinks[1].entries("MODEL_CALL")]
-    assert model_ids == [model_call_id(EXECUTION, 0), model_call_id(EXECUTION, 1)]
-    assert len(set(model_ids)) == 2 and all(len(i) == 16 for i in model_ids)
-
-
-async def test_history_contributes_inputs_and_output_text_only(workspace: Path) -> None:
-    earlier_output = assistant_tool_calls(tool_call_part("old", "read_file", {"path": "x"}), text="looked")
-    history = [
-        common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START),
-        common_pb2.Event(kind=common_pb2.EVENT_INPUT, message=text_message("user", "first")),
-        common_pb2.Event(kind=common_pb2.EVENT_OUTPUT, message=earlier_output),
-        common_pb2.Event(
-            kind=common_pb2.EVENT_OUTPUT, message=assistant_tool_calls(tool_call_part("c", "list_dir", {}))
-        ),
-        common_pb2.Event(kind=common_pb2.EVENT_TOOL_RESULT, result=common_pb2.ToolResult(id="old")),
-        common_pb2.Event(kind=common_pb2.EVENT_OUTPUT, message=assistant_text("answer one")),
-    ]
-    begin = Start(
-        session=SESSION,
-        execution_id=EXECUTION,
-        inputs=[text_message("user", "second")],
-        history=history,
-        config=json.dumps({"workspace": str(workspace), "system_prompt": "be brief"}).encode(),
+        env = environment(script)
+        await env.run("please help", config=settings(workspace, "ask-before"))
+        journals.append([e.SerializeToString(deterministic=True) for e in env.events])
+    assert journals[0] == journals[1]
+    report = await check_replay(
+        CodingHarness(), "please help", model=script, config=settings(workspace, "ask-before")
     )
-    messages = conversation(begin, "be brief")
-    assert [(m.role, message_text(m)) for m in messages] == [
+    assert report.recorded_results_served == 1 and report.model_calls == 0
+
+
+async def test_history_contributes_the_whole_conversation(workspace: Path) -> None:
+    script: list[Reply] = [
+        calls(call("old", "read_file", path="README.md"), text="looking"),
+        "answer one",
+        "ok",
+    ]
+    env = environment(script)
+    await env.run("first", config=settings(workspace, "plan", system_prompt="be brief"))
+    await env.run("second", config=settings(workspace, "plan", system_prompt="be brief"))
+    messages = env.requests[-1].messages
+    assert [(m.role, m.text()) for m in messages] == [
         ("system", "be brief"),
         ("user", "first"),
-        ("assistant", "looked"),
+        ("assistant", "looking"),
+        ("tool", ""),
         ("assistant", "answer one"),
         ("user", "second"),
     ]
-    assert all(p.WhichOneof("part") == "text" for m in messages for p in m.parts)
-    sink = JournalSink(["ok"])
-    await CodingHarness().run(begin, sink)
-    assert list(sink.entries("MODEL_CALL")[0].messages) == messages
+    assert messages[2].tool_calls[0].id == "old" and messages[3].tool_results[0].id == "old"
+    last = [e.execution_id for e in env.events if e.kind == K.EVENT_EXECUTION_START][-1]
+    assert conversation(env.start_of(last), "be brief") == list(messages)
 
 
 @pytest.mark.parametrize(
@@ -435,22 +367,19 @@ async def test_history_contributes_inputs_and_output_text_only(workspace: Path) 
     ],
 )
 async def test_bad_config_fails_before_any_model_call(config: bytes, message: str) -> None:
-    sink = JournalSink(["never"])
-    with pytest.raises(CodingConfigError) as caught:
-        await CodingHarness().run(Start(session=SESSION, execution_id=EXECUTION, config=config), sink)
-    assert message in str(caught.value)
-    assert sink.journal == []
+    env = environment(["never"])
+    outcome = await env.run(config=config)
+    assert outcome.state == "FAILED" and isinstance(outcome.error, CodingConfigError)
+    assert message in str(outcome.error)
+    assert env.model_calls == 0 and "MODEL_CALL" not in outcome.kinds()
 
 
 async def test_constructor_defaults_apply_when_config_is_empty(workspace: Path) -> None:
-    sink = JournalSink(["fine"])
-    harness = CodingHarness(workspace=str(workspace), mode="auto", model="m")
-    await harness.run(
-        Start(session=SESSION, execution_id=EXECUTION, inputs=[text_message("user", "go")]), sink
-    )
-    (call,) = sink.entries("MODEL_CALL")
-    assert call.model == "m"
-    assert offered(call) == ["read_file", "list_dir", "write_file", "edit_file", "run_shell"]
+    env = HarnessEnvironment(CodingHarness(workspace=str(workspace), mode="auto", model="m"), model=["fine"])
+    await env.run("go")
+    (request,) = env.requests
+    assert request.model == "m"
+    assert offered(request) == ["read_file", "list_dir", "write_file", "edit_file", "run_shell"]
 
 
 async def test_host_entry_points_honour_the_workspace_allow_list(

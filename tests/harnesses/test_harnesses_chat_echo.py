@@ -1,4 +1,4 @@
-"""The echo and chat harnesses against a recording sink: what each one asks the host's model."""
+"""The echo and chat harnesses in the SDK's test environment: what each one asks the host's model."""
 
 from __future__ import annotations
 
@@ -6,46 +6,14 @@ import pytest
 
 from agentsessions.harnesses.chat import ChatConfigError, ChatHarness
 from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.sdk import Start, text_message
-from agentsessions.sdk.harness import message_text
-from agentsessions.v1 import common_pb2, harness_pb2
-
-K = common_pb2.EventKind
+from agentsessions.sdk import Message, ModelCall
+from agentsessions.sdk.testing import HarnessEnvironment, check_replay
+from agentsessions.v1 import harness_pb2
 
 
-class RecordingSink:
-    """Stands in for the host: records model calls and answers like the echo model."""
-
-    def __init__(self) -> None:
-        self.calls: list[common_pb2.ModelCall] = []
-
-    async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
-        self.calls.append(call)
-        return harness_pb2.ModelResult(
-            message=text_message("assistant", "echo:" + message_text(call.messages[-1]))
-        )
-
-    async def output(self, text: str) -> None:
-        raise AssertionError("these harnesses only call the model")
-
-    async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        raise AssertionError("these harnesses call no tools")
-
-    async def report(self, result: common_pb2.ToolResult) -> None:
-        raise AssertionError("these harnesses report nothing")
-
-    async def usage(self, usage: common_pb2.Usage) -> None:
-        raise AssertionError("these harnesses report no usage")
-
-
-def start(*inputs: str, history: list[common_pb2.Event] | None = None, config: bytes = b"") -> Start:
-    return Start(
-        session="s",
-        execution_id="e",
-        inputs=[text_message("user", text) for text in inputs],
-        history=history or [],
-        config=config,
-    )
+def echo(call: ModelCall) -> str:
+    """Answers like the host's embedded echo model."""
+    return "echo:" + (call.messages[-1].text() if call.messages else "")
 
 
 async def test_echo_describes_itself_as_the_reference_echo() -> None:
@@ -55,48 +23,46 @@ async def test_echo_describes_itself_as_the_reference_echo() -> None:
 
 
 async def test_echo_sends_only_the_last_input() -> None:
-    sink = RecordingSink()
-    await EchoHarness().run(start("first", "second"), sink)
-    (call,) = sink.calls
+    env = HarnessEnvironment(EchoHarness(), model=echo)
+    outcome = await env.run("first", "second")
+    (call,) = env.requests
     assert call.model == "echo"
-    assert list(call.messages) == [text_message("user", "second")]
+    assert list(call.messages) == [Message.user("second")]
+    assert outcome.kinds() == ["EXECUTION_START", "INPUT", "INPUT", "MODEL_CALL", "OUTPUT", "END"]
+    assert outcome.outputs == ["echo:second"]
 
 
 async def test_echo_without_inputs_sends_an_empty_prompt() -> None:
-    sink = RecordingSink()
-    await EchoHarness().run(start(), sink)
-    assert list(sink.calls[0].messages) == [text_message("user", "")]
+    env = HarnessEnvironment(EchoHarness(), model=echo)
+    await env.run()
+    assert list(env.requests[0].messages) == [Message.user("")]
 
 
 async def test_chat_builds_system_history_then_inputs() -> None:
-    history = [
-        common_pb2.Event(
-            kind=K.EVENT_EXECUTION_START, execution_start=common_pb2.ExecutionStart(input_count=1)
-        ),
-        common_pb2.Event(kind=K.EVENT_INPUT, message=text_message("user", "hello")),
-        common_pb2.Event(kind=K.EVENT_MODEL_CALL, model=common_pb2.ModelCall(model="m", id="x")),
-        common_pb2.Event(kind=K.EVENT_OUTPUT, message=text_message("assistant", "hi there")),
-        common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")),
+    env = HarnessEnvironment(ChatHarness(model="gpt-test"), model=["hi there", "fine"])
+    await env.run("hello")
+    await env.run("and now?", config={"system_prompt": "be brief"})
+    second = env.requests[1]
+    assert second.model == "gpt-test"
+    assert list(second.messages) == [
+        Message.system("be brief"),
+        Message.user("hello"),
+        Message.assistant("hi there"),
+        Message.user("and now?"),
     ]
-    sink = RecordingSink()
-    await ChatHarness(model="gpt-test").run(
-        start("and now?", history=history, config=b'{"system_prompt": "be brief"}'), sink
-    )
-    (call,) = sink.calls
-    assert call.model == "gpt-test"
-    assert list(call.messages) == [
-        text_message("system", "be brief"),
-        text_message("user", "hello"),
-        text_message("assistant", "hi there"),
-        text_message("user", "and now?"),
-    ]
+
+
+async def test_chat_replays_a_conversation() -> None:
+    report = await check_replay(ChatHarness(), "one", "two", "three", model=echo)
+    assert (report.executions, report.model_calls) == (3, 0)
+    assert report.outputs == ["echo:one", "echo:two", "echo:three"]
 
 
 async def test_chat_without_config_has_no_system_message() -> None:
-    sink = RecordingSink()
-    await ChatHarness().run(start("q"), sink)
-    assert [m.role for m in sink.calls[0].messages] == ["user"]
-    assert sink.calls[0].model == ""
+    env = HarnessEnvironment(ChatHarness(), model=echo)
+    await env.run("q")
+    assert [m.role for m in env.requests[0].messages] == ["user"]
+    assert env.requests[0].model == ""
 
 
 @pytest.mark.parametrize(
@@ -109,10 +75,11 @@ async def test_chat_without_config_has_no_system_message() -> None:
     ],
 )
 async def test_chat_refuses_malformed_config_before_any_model_call(config: bytes, message: str) -> None:
-    sink = RecordingSink()
-    with pytest.raises(ChatConfigError, match=message):
-        await ChatHarness().run(start("q", config=config), sink)
-    assert sink.calls == []
+    env = HarnessEnvironment(ChatHarness(), model=echo)
+    outcome = await env.run("q", config=config)
+    assert outcome.state == "FAILED" and isinstance(outcome.error, ChatConfigError)
+    assert message in str(outcome.error)
+    assert env.requests == [] and env.model_calls == 0
 
 
 async def test_chat_describes_itself() -> None:

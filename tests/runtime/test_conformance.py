@@ -22,10 +22,10 @@ from agentsessions.host.runtime import (
     SnapshotRef,
     placement_refusal,
 )
-from agentsessions.sdk import Start
+from agentsessions.sdk.testing import HarnessEnvironment
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 from tests.runtime.harnesses import GpuHarness
-from tests.runtime.hosting import REPO, text_input
+from tests.runtime.hosting import REPO
 from tests.support.processes import harness_process, serve_argv
 
 ECHO = "agentsessions.harnesses.echo:EchoHarness"
@@ -77,33 +77,6 @@ def uid() -> str:
     return "sess-" + secrets.token_hex(12)
 
 
-class RecordingSink:
-    """Answers the echo harness's model call; records what it was asked."""
-
-    def __init__(self) -> None:
-        self.model_calls: list[common_pb2.ModelCall] = []
-        self.outputs: list[str] = []
-
-    async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
-        self.model_calls.append(call)
-        text = "".join(p.text.text for m in call.messages for p in m.parts)
-        part = common_pb2.Part(text=common_pb2.TextPart(text=text))
-        reply = common_pb2.Message(role="assistant", parts=[part])
-        return harness_pb2.ModelResult(message=reply, model_call_id=call.id)
-
-    async def output(self, text: str) -> None:
-        self.outputs.append(text)
-
-    async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        raise AssertionError("echo calls no tools")
-
-    async def report(self, result: common_pb2.ToolResult) -> None:
-        raise AssertionError("echo reports nothing")
-
-    async def usage(self, usage: common_pb2.Usage) -> None:
-        raise AssertionError("echo reports no usage")
-
-
 def descriptor(**capabilities: object) -> harness_pb2.HarnessDescriptor:
     desc = harness_pb2.HarnessDescriptor(id="h", version="1")
     for name, value in capabilities.items():
@@ -119,10 +92,10 @@ async def test_each_runtime_is_a_runtime_and_names_its_kind(placed: Placed) -> N
 async def test_the_placed_harness_describes_itself_and_runs_a_turn(placed: Placed) -> None:
     desc = await placed.runtime.harness.describe()
     assert desc.id == "echo"
-    sink = RecordingSink()
-    start = Start(session="sess-a", execution_id="0123456789abcdef", inputs=[text_input("hi")])
-    await placed.runtime.harness.run(start, sink)
-    assert [p.text.text for c in sink.model_calls for m in c.messages for p in m.parts] == ["hi"]
+    env = HarnessEnvironment(placed.runtime.harness, model=lambda call: "echo:" + call.messages[-1].text())
+    outcome = await env.run("hi")
+    assert [m.text() for call in env.requests for m in call.messages] == ["hi"]
+    assert (outcome.state, outcome.outputs) == ("COMPLETED", ["echo:hi"])
 
 
 async def test_capabilities_are_honest_no_runtime_snapshots_memory(placed: Placed) -> None:

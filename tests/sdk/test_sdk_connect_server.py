@@ -621,18 +621,55 @@ async def test_cancel_interrupts_a_blocked_call_and_ends_canceled() -> None:
     assert len(recorder.errors) == 1 and "user stop" in str(recorder.errors[0])
 
 
-async def test_cancel_cancels_a_run_that_ignores_it_after_the_grace() -> None:
+class HookedHarness(ScriptedHarness):
+    """A scripted harness with a cancel hook; ``ends_by_itself`` is what the hook answers."""
+
+    def __init__(self, script: Script, *, ends_by_itself: bool) -> None:
+        super().__init__(script)
+        self.ends_by_itself = ends_by_itself
+        self.cancels: list[tuple[str, str]] = []
+        self.told = asyncio.Event()
+
+    async def cancel(self, execution_id: str, reason: str) -> bool:
+        self.cancels.append((execution_id, reason))
+        self.told.set()
+        return self.ends_by_itself
+
+
+async def test_the_cancel_hook_hears_a_cancel_while_the_run_is_busy_with_its_own_work() -> None:
+    async def script(start: Start, sink: EventSink) -> None:
+        await sink.output("working")
+        async with asyncio.timeout(10):
+            await harness.told.wait()  # its own work, no sink call: only the hook can tell it
+
+    harness = HookedHarness(script, ends_by_itself=True)
+    async with serving(harness) as stub:
+        host = Host(stub)
+        await host.start()
+        event = await host.recv()
+        assert event is not None and event.kind == K.EVENT_OUTPUT
+        await host.send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason="stop now")))
+        end = await host.end()
+        assert await host.status() == grpc.StatusCode.OK
+    assert harness.cancels == [(EXECUTION, "stop now")]
+    assert end.state == "CANCELED" and end.error.description == "stop now"
+
+
+@pytest.mark.parametrize("ends_by_itself", [True, False], ids=["after-the-grace", "at-once"])
+async def test_a_hooked_run_that_does_not_end_is_cancelled(ends_by_itself: bool) -> None:
     cancelled = asyncio.Event()
 
     async def script(start: Start, sink: EventSink) -> None:
         await sink.output("working")
         try:
-            await asyncio.Event().wait()  # never set: only the grace timer ends this
+            await asyncio.Event().wait()  # never set: the grace timer or the hook's False ends this
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
-    async with serving(ScriptedHarness(script), cancel_grace=0.01) as stub:
+    harness = HookedHarness(script, ends_by_itself=ends_by_itself)
+    grace = 0.01 if ends_by_itself else 3600.0  # "at once" must not wait for the grace
+    async with serving(harness, cancel_grace=grace) as stub:
         host = Host(stub)
         await host.start()
         event = await host.recv()
@@ -641,6 +678,54 @@ async def test_cancel_cancels_a_run_that_ignores_it_after_the_grace() -> None:
         end = await host.end()
     assert end.state == "CANCELED"
     assert cancelled.is_set()
+
+
+async def test_without_a_hook_the_next_sink_call_hears_the_cancel() -> None:
+    recorder = Recorder()
+    proceed = asyncio.Event()
+
+    async def script(start: Start, sink: EventSink) -> None:
+        await sink.output("working")
+        async with asyncio.timeout(10):
+            await proceed.wait()
+        try:
+            await sink.model(common_pb2.ModelCall(model="m"))
+        except ExecutionCancelledError as exc:
+            recorder.errors.append(exc)
+            raise
+
+    async with serving(ScriptedHarness(script)) as stub:
+        host = Host(stub)
+        await host.start()
+        await host.recv()
+        await host.send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason="stop")))
+        proceed.set()
+        event = await host.recv()  # the model call went out; its reply slot holds the Cancel
+        assert event is not None and event.kind == K.EVENT_MODEL_CALL
+        end = await host.end()
+    assert end.state == "CANCELED" and end.error.description == "stop"
+    assert len(recorder.errors) == 1
+
+
+async def test_without_a_hook_a_busy_run_ends_when_the_host_cuts_the_stream() -> None:
+    cancelled = asyncio.Event()
+
+    async def script(start: Start, sink: EventSink) -> None:
+        await sink.output("working")
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with serving(ScriptedHarness(script)) as stub:
+        host = Host(stub)
+        await host.start()
+        await host.recv()
+        await host.send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason="stop")))
+        host.call.cancel()  # what this host does once its cancel grace is over
+        async with asyncio.timeout(10):
+            await cancelled.wait()
 
 
 async def test_run_failure_ends_failed_with_an_error_status() -> None:
@@ -681,3 +766,28 @@ async def test_sink_is_closed_after_the_stream_ends() -> None:
     assert harness.sink is not None
     with pytest.raises(SinkClosedError):
         await harness.sink.output("late")
+
+
+async def test_the_history_arrives_whole_when_the_harness_reads_it() -> None:
+    history = [
+        common_pb2.Event(
+            execution_id=f"{n:016x}", kind=K.EVENT_INPUT, message=text_message("user", f"turn {n}")
+        )
+        for n in range(50)
+    ]
+    seen: list[list[common_pb2.Event]] = []
+
+    async def script(start: Start, sink: EventSink) -> None:
+        seen.append(list(start.history))
+        await sink.output(f"{len(start.history)} events, last {start.history[-1].message.parts[0].text.text}")
+
+    async with serving(ScriptedHarness(script)) as stub:
+        host = Host(stub)
+        start = harness_pb2.Start(inputs=[text_message("user", "now")], history=history, config=b"{}")
+        await host.send(
+            harness_pb2.ControllerFrame(session=SESSION, execution_id=EXECUTION, start=start), stamp=False
+        )
+        output = await host.recv()
+        assert (await host.end()).state == "COMPLETED"
+    assert seen == [history]
+    assert output is not None and output.message.parts[0].text.text == "50 events, last turn 49"

@@ -1,4 +1,5 @@
-"""Both halves of Harness.Connect together: an SDK-served harness driven by ``RemoteHarness``.
+"""Both halves of Harness.Connect together: an SDK-served harness driven by ``RemoteHarness``,
+with the SDK test kit's scripted host behind the host half.
 
 The park, the decided approval, cancellation and failure each cross the real gRPC stream in both
 directions, so a mismatch between the two halves shows up here even where each half alone is
@@ -14,12 +15,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from agentsessions.host.harnesslink import HarnessFailedError, RemoteHarness
-from agentsessions.host.models.echo import EchoModel
-from agentsessions.sdk import ApprovalParkedError, EventSink, ExecutionCancelledError, Start, text_message
+from agentsessions.sdk import (
+    ApprovalParkedError,
+    EventSink,
+    ExecutionCancelledError,
+    ModelCall,
+    Start,
+    ToolError,
+)
+from agentsessions.sdk.harness import ApprovalDetails
 from agentsessions.sdk.server import HarnessServicer, start_server
+from agentsessions.sdk.testing import HarnessEnvironment
 from agentsessions.v1 import common_pb2, harness_pb2
 
-EXECUTION = "00112233aabbccdd"
 APPROVAL_CALL = common_pb2.ToolCall(
     id="c-1", tool="deploy", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL, idempotency_key="k-1"
 )
@@ -36,56 +44,8 @@ class ScriptedHarness:
         await self.script(start, sink)
 
 
-class HostSink:
-    """The host side: the echo model, plus an approval that is parked or decided."""
-
-    def __init__(
-        self,
-        *,
-        park: common_pb2.ApprovalRef | None = None,
-        decision: common_pb2.ApprovalResult | None = None,
-        receipt: common_pb2.ToolResult | None = None,
-        model_blocks: bool = False,
-    ) -> None:
-        self.park = park
-        self.decision = decision
-        self.receipt = receipt
-        self.model_blocks = model_blocks
-        self.model_started = asyncio.Event()
-        self.model_cancelled = False
-        self.outputs: list[str] = []
-        self.models: list[common_pb2.ModelCall] = []
-        self.raised: ApprovalParkedError | None = None
-
-    async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
-        self.models.append(call)
-        self.model_started.set()
-        if self.model_blocks:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                self.model_cancelled = True
-                raise
-        return await EchoModel().complete(call)
-
-    async def output(self, text: str) -> None:
-        self.outputs.append(text)
-
-    async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        if self.park is not None:
-            self.raised = ApprovalParkedError(self.park)
-            raise self.raised
-        assert self.receipt is not None
-        return self.receipt
-
-    async def report(self, result: common_pb2.ToolResult) -> None:
-        raise AssertionError("no reports expected")
-
-    async def usage(self, usage: common_pb2.Usage) -> None:
-        raise AssertionError("no usage expected")
-
-    def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None:
-        return self.decision
+def echo(call: ModelCall) -> str:
+    return "echo:" + call.messages[-1].text()
 
 
 @contextlib.asynccontextmanager
@@ -99,24 +59,19 @@ async def linked(harness: ScriptedHarness, **remote_options: float) -> AsyncIter
         await running.stop(None)
 
 
-def start(*inputs: str) -> Start:
-    return Start(session="sess-9", execution_id=EXECUTION, inputs=[text_message("user", t) for t in inputs])
-
-
 async def test_echo_turn_round_trip() -> None:
     async def script(start: Start, sink: EventSink) -> None:
         result = await sink.model(common_pb2.ModelCall(model="echo", messages=list(start.inputs)))
         await sink.output("model said " + result.message.parts[0].text.text)
 
-    host = HostSink()
     async with linked(ScriptedHarness(script)) as remote:
-        await remote.run(start("hi"), host)
-    assert host.outputs == ["model said echo:hi"]
-    assert len(host.models) == 1
+        env = HarnessEnvironment(remote, model=echo)
+        outcome = await env.run("hi")
+    assert outcome.outputs == ["echo:hi", "model said echo:hi"]
+    assert env.model_calls == 1
 
 
 async def test_park_crosses_both_halves() -> None:
-    ref = common_pb2.ApprovalRef(execution_id=EXECUTION, tool_call_id="c-1", request_seq=5)
     seen: list[common_pb2.ApprovalRef] = []
 
     async def script(start: Start, sink: EventSink) -> None:
@@ -126,13 +81,15 @@ async def test_park_crosses_both_halves() -> None:
             seen.append(parked.ref)
             raise
 
-    harness = ScriptedHarness(script)
-    host = HostSink(park=ref)
-    async with linked(harness) as remote:
-        with pytest.raises(ApprovalParkedError) as parked:
-            await remote.run(start(), host)
-    assert parked.value is host.raised
-    assert seen == [ref]
+    async with linked(ScriptedHarness(script)) as remote:
+        env = HarnessEnvironment(remote)
+        outcome = await env.run()
+    assert outcome.state == "PARKED" and isinstance(outcome.parked, common_pb2.ApprovalRef)
+    assert seen == [outcome.parked] == [env.pending_approval()]
+
+
+def deploy_failing(args: dict[str, object]) -> object:
+    raise ToolError("target unreachable")
 
 
 @pytest.mark.parametrize(
@@ -147,22 +104,39 @@ async def test_park_crosses_both_halves() -> None:
 async def test_decided_approval_crosses_both_halves(
     approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
 ) -> None:
-    receipt = common_pb2.ToolResult(
-        id="c-1", code=code, is_error=is_error, approval_request_seq=5, approval_decision_seq=6
-    )
-    decision = common_pb2.ApprovalResult(tool_call_id="c-1", approved=approved, reason="ok", request_seq=5)
-    received: list[common_pb2.ToolResult] = []
+    received: list[tuple[common_pb2.ToolResult, common_pb2.ApprovalResult | None]] = []
 
     async def script(start: Start, sink: EventSink) -> None:
-        received.append(await sink.tool_call(APPROVAL_CALL))
+        result = await sink.tool_call(APPROVAL_CALL)
+        assert isinstance(sink, ApprovalDetails), "the SDK's stream sink relays the decision"
+        received.append((result, sink.approval_decision(APPROVAL_CALL.id)))
 
+    deploy = deploy_failing if code == common_pb2.ToolResult.EXECUTOR_ERROR else (lambda args: {"ok": True})
     async with linked(ScriptedHarness(script)) as remote:
-        await remote.run(start(), HostSink(decision=decision, receipt=receipt))
-    assert received == [receipt]
+        env = HarnessEnvironment(remote, tools={"deploy": deploy})
+        parked = await env.run()
+        env.approve("ops said ok", approved=approved)
+        resumed = await env.resume()
+    assert resumed.state == "COMPLETED"
+    ((result, decision),) = received
+    assert (result.code, result.is_error) == (code, is_error)
+    assert parked.parked is not None and result.approval_request_seq == parked.parked.request_seq
+    assert decision is not None and (decision.approved, decision.reason) == (approved, "ops said ok")
 
 
 async def test_cancel_crosses_both_halves() -> None:
     seen: list[BaseException] = []
+    model_started = asyncio.Event()
+    model_cancelled = asyncio.Event()
+
+    async def blocking(call: ModelCall) -> str:
+        model_started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            model_cancelled.set()
+            raise
+        return "never"
 
     async def script(start: Start, sink: EventSink) -> None:
         try:
@@ -171,15 +145,16 @@ async def test_cancel_crosses_both_halves() -> None:
             seen.append(exc)
             raise
 
-    host = HostSink(model_blocks=True)
     async with linked(ScriptedHarness(script), cancel_grace=0.05) as remote:
-        running = asyncio.create_task(remote.run(start("hi"), host))
+        env = HarnessEnvironment(remote, model=[blocking])
+        running = asyncio.create_task(env.run("hi"))
         async with asyncio.timeout(10):
-            await host.model_started.wait()
-        assert await remote.cancel(EXECUTION, "operator")
-        with pytest.raises(ExecutionCancelledError):
-            await running
-    assert host.model_cancelled
+            await model_started.wait()
+        await env.cancel("operator")
+        async with asyncio.timeout(10):
+            outcome = await running
+    assert outcome.state == "CANCELED" and outcome.kinds()[-1] == "END"
+    assert model_cancelled.is_set()
 
 
 async def test_harness_failure_reaches_the_host() -> None:
@@ -187,5 +162,7 @@ async def test_harness_failure_reaches_the_host() -> None:
         raise ValueError("no inputs to work with")
 
     async with linked(ScriptedHarness(script)) as remote:
-        with pytest.raises(HarnessFailedError, match="no inputs to work with"):
-            await remote.run(start(), HostSink())
+        env = HarnessEnvironment(remote)
+        outcome = await env.run()
+    assert outcome.state == "FAILED" and isinstance(outcome.error, HarnessFailedError)
+    assert "no inputs to work with" in str(outcome.error)

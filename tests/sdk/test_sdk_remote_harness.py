@@ -1,8 +1,9 @@
 """The host side of Harness.Connect (``RemoteHarness``) against raw harness peers.
 
 Each peer is a hand-written ``agentsessions.v1.Harness`` servicer that plays a script of Events
-and records every ControllerFrame it receives; the host side is bridged to a small recording
-sink standing in for the controller.
+and records every ControllerFrame it receives; the host side is bridged to the SDK test kit's
+scripted host (``agentsessions.sdk.testing``), whose journal shows what reached it. A few tests
+wrap that sink to play a host that misbehaves, which the bridge must refuse to relay.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from agentsessions.host.harnesslink import (
     RemoteHarness,
     harness_target,
 )
+from agentsessions.sdk import Message, ModelCall, ModelResult, ToolError, Usage, convert
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
-from agentsessions.sdk.harness import Start, message_text, text_message
+from agentsessions.sdk.harness import EventSink, Start, text_message
+from agentsessions.sdk.testing import HarnessEnvironment, HostTool, ScriptedSink
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 SESSION = "sess-1"
-EXECUTION = "fedcba9876543210"
+# The test environment's first execution (its journal is seeded with one earlier INPUT).
+EXECUTION = "0000000000000001"
 K = common_pb2.EventKind
 Code = common_pb2.ToolResult
 
@@ -88,65 +92,70 @@ async def linked(raw: RawHarness, **options: float) -> AsyncIterator[RemoteHarne
         await server.stop(None)
 
 
-class RecordingSink:
-    """A stand-in for the controller's sink: records calls, answers from fixed replies."""
+class Raw:
+    """Describes itself as the raw peers do, so the test environment can journal executions."""
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return harness_pb2.HarnessDescriptor(id="raw", version="3")
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        raise AssertionError("these tests drive the bridge by hand")
+
+
+def echo(call: ModelCall) -> ModelResult:
+    reply = "echo:" + (call.messages[-1].text() if call.messages else "")
+    return ModelResult(Message.assistant(reply), Usage(model="echo", input_tokens=1, output_tokens=2))
+
+
+def environment(**tools: HostTool) -> HarnessEnvironment:
+    history = [common_pb2.Event(kind=K.EVENT_INPUT, message=text_message("user", "before"))]
+    return HarnessEnvironment(Raw(), model=echo, tools=tools, journal=history, session=SESSION)
+
+
+async def begin(env: HarnessEnvironment, *inputs: str) -> tuple[Start, ScriptedSink]:
+    return await env.begin(*inputs, config=b'{"k": 1}', resume_from_seq=4)
+
+
+def journaled(env: HarnessEnvironment) -> list[tuple[str, object]]:
+    """What reached the host after the execution's start: (kind, body) per record."""
+    out: list[tuple[str, object]] = []
+    for e in env.events:
+        if e.execution_id == EXECUTION and e.kind not in (K.EVENT_EXECUTION_START, K.EVENT_INPUT):
+            body = e.WhichOneof("body")
+            out.append((K.Name(e.kind).removeprefix("EVENT_"), getattr(e, body) if body else None))
+    return out
+
+
+class Misreporting:
+    """The kit's sink, but answering tool calls with ``receipt`` (a host bug the bridge refuses)."""
 
     def __init__(
         self,
-        *,
-        tool_result: common_pb2.ToolResult | None = None,
-        park: common_pb2.ApprovalRef | None = None,
+        sink: ScriptedSink,
+        receipt: common_pb2.ToolResult,
+        decision: common_pb2.ApprovalResult | None = None,
     ) -> None:
-        self.calls: list[tuple[str, object]] = []
-        self.tool_result = tool_result or common_pb2.ToolResult()
-        self.park = park
-        self.parked: ApprovalParkedError | None = None
-        self.output_seen = asyncio.Event()
+        self._sink = sink
+        self._receipt = receipt
+        self._decision = decision
 
     async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
-        self.calls.append(("model", call))
-        reply = "echo:" + (message_text(call.messages[-1]) if call.messages else "")
-        usage = common_pb2.Usage(model="echo", input_tokens=1, output_tokens=2)
-        return harness_pb2.ModelResult(message=text_message("assistant", reply), usage=usage)
+        return await self._sink.model(call)
 
     async def output(self, text: str) -> None:
-        self.calls.append(("output", text))
-        self.output_seen.set()
+        await self._sink.output(text)
 
     async def tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        self.calls.append(("tool_call", call))
-        if self.park is not None:
-            self.parked = ApprovalParkedError(self.park)
-            raise self.parked
-        return self.tool_result
+        return self._receipt
 
     async def report(self, result: common_pb2.ToolResult) -> None:
-        self.calls.append(("report", result))
+        await self._sink.report(result)
 
     async def usage(self, usage: common_pb2.Usage) -> None:
-        self.calls.append(("usage", usage))
-
-
-class DecidingSink(RecordingSink):
-    """A sink that also tells the bridge the recorded decision (with its reason)."""
-
-    def __init__(self, decision: common_pb2.ApprovalResult, receipt: common_pb2.ToolResult) -> None:
-        super().__init__(tool_result=receipt)
-        self.decision = decision
+        await self._sink.usage(usage)
 
     def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None:
-        return self.decision if tool_call_id == self.decision.tool_call_id else None
-
-
-def start(*inputs: str, session: str = SESSION) -> Start:
-    return Start(
-        session=session,
-        execution_id=EXECUTION,
-        inputs=[text_message("user", text) for text in inputs],
-        config=b'{"k": 1}',
-        resume_from_seq=4,
-        history=[common_pb2.Event(kind=K.EVENT_INPUT, message=text_message("user", "before"))],
-    )
+        return self._decision
 
 
 def event(kind: common_pb2.EventKind.ValueType, **body: object) -> common_pb2.Event:
@@ -180,9 +189,9 @@ async def test_echo_turn_is_bridged_to_the_sink() -> None:
         yield end()
 
     raw = RawHarness(script)
-    sink = RecordingSink()
+    env = environment()
     async with linked(raw) as remote:
-        await remote.run(start("hi"), sink)
+        await remote.run(*await begin(env, "hi"))
     peer = raw.peers[0]
     assert_stamped(peer)
     first, reply = peer.received
@@ -191,8 +200,9 @@ async def test_echo_turn_is_bridged_to_the_sink() -> None:
     assert [e.message for e in first.start.history] == [text_message("user", "before")]
     assert reply.model.model_call_id == "abc123"
     assert reply.model.message == text_message("assistant", "echo:hi")
-    assert [name for name, _ in sink.calls] == ["model", "output", "usage"]
-    assert sink.calls[1] == ("output", "and more")
+    assert [kind for kind, _ in journaled(env)] == ["MODEL_CALL", "OUTPUT", "USAGE", "OUTPUT", "USAGE"]
+    assert journaled(env)[3] == ("OUTPUT", text_message("assistant", "and more"))
+    assert journaled(env)[4] == ("USAGE", common_pb2.Usage(model="echo", output_tokens=9))
 
 
 async def test_describe_returns_the_descriptor() -> None:
@@ -217,7 +227,7 @@ async def test_describe_of_an_unreachable_harness_is_unavailable() -> None:
             await remote.describe()
         assert failure.value.code == grpc.StatusCode.UNAVAILABLE
         with pytest.raises(HarnessUnavailableError):
-            await remote.run(start("hi"), RecordingSink())
+            await remote.run(*await begin(environment(), "hi"))
     finally:
         await remote.close()
 
@@ -241,12 +251,12 @@ async def test_host_owned_control_events_are_refused(kind: common_pb2.EventKind.
         yield event(kind)
         yield end()
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessProtocolError) as failure:
-            await remote.run(start("hi"), sink)
+            await remote.run(*await begin(env, "hi"))
     assert str(failure.value) == f"harness emitted host-owned control event {K.Name(kind)}"
-    assert sink.calls == []
+    assert journaled(env) == []
 
 
 async def test_event_for_another_execution_is_refused() -> None:
@@ -256,11 +266,11 @@ async def test_event_for_another_execution_is_refused() -> None:
             execution_id="someone-else", kind=K.EVENT_OUTPUT, message=text_message("a", "x")
         )
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessProtocolError, match="event execution_id mismatch"):
-            await remote.run(start("hi"), sink)
-    assert sink.calls == []
+            await remote.run(*await begin(env, "hi"))
+    assert journaled(env) == []
 
 
 async def test_transport_only_kinds_are_ignored() -> None:
@@ -270,10 +280,10 @@ async def test_transport_only_kinds_are_ignored() -> None:
             yield event(kind)
         yield end()
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script)) as remote:
-        await remote.run(start("hi"), sink)
-    assert sink.calls == []
+        await remote.run(*await begin(env, "hi"))
+    assert journaled(env) == []
 
 
 async def test_eof_without_end_counts_as_completed() -> None:
@@ -281,10 +291,10 @@ async def test_eof_without_end_counts_as_completed() -> None:
         await peer.recv()
         yield event(K.EVENT_OUTPUT, message=text_message("assistant", "done"))
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script)) as remote:
-        await remote.run(start("hi"), sink)
-    assert sink.calls == [("output", "done")]
+        await remote.run(*await begin(env, "hi"))
+    assert journaled(env) == [("OUTPUT", text_message("assistant", "done"))]
 
 
 async def test_end_failed_raises_with_the_description() -> None:
@@ -294,7 +304,7 @@ async def test_end_failed_raises_with_the_description() -> None:
 
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessFailedError, match="the model refused") as failure:
-            await remote.run(start("hi"), RecordingSink())
+            await remote.run(*await begin(environment(), "hi"))
     assert str(failure.value) == "remote harness ended FAILED: the model refused"
     assert failure.value.description == "the model refused"
 
@@ -307,7 +317,7 @@ async def test_stream_error_keeps_the_status() -> None:
 
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessFailedError) as failure:
-            await remote.run(start("hi"), RecordingSink())
+            await remote.run(*await begin(environment(), "hi"))
     assert failure.value.code == grpc.StatusCode.UNKNOWN
 
 
@@ -322,13 +332,22 @@ async def test_mediated_tool_result_answers_the_call_id() -> None:
         await peer.recv()
         yield end()
 
+    forced = RawHarness(script)
+    start, sink = await begin(environment())
+    async with linked(forced) as remote:
+        await remote.run(start, Misreporting(sink, common_pb2.ToolResult(id="executor-chose-this")))
+    assert forced.peers[0].received[1].tool == common_pb2.ToolResult(id="t-1"), (
+        "the reply answers the call's id"
+    )
+
     raw = RawHarness(script)
-    sink = RecordingSink(tool_result=common_pb2.ToolResult(id="executor-chose-this", is_error=False))
+    env = environment(lookup=lambda args: {"found": 3})
     async with linked(raw) as remote:
-        await remote.run(start(), sink)
+        await remote.run(*await begin(env))
     reply = raw.peers[0].received[1]
     assert reply.WhichOneof("frame") == "tool" and reply.tool.id == "t-1"
-    assert sink.calls == [("tool_call", call)]
+    assert convert.dict_from_struct(reply.tool.output) == {"found": 3}
+    assert journaled(env) == [("TOOL_CALL", call), ("TOOL_RESULT", reply.tool)]
     assert_stamped(raw.peers[0])
 
 
@@ -337,17 +356,18 @@ async def test_harness_report_of_a_host_owned_receipt_is_refused() -> None:
         await peer.recv()
         yield event(K.EVENT_TOOL_RESULT, result=common_pb2.ToolResult(id="t-1", code=Code.APPROVAL_DENIED))
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script)) as remote:
         with pytest.raises(HarnessProtocolError, match="host-owned approval receipt"):
-            await remote.run(start(), sink)
-    assert sink.calls == []
+            await remote.run(*await begin(env))
+    assert journaled(env) == []
 
 
 APPROVAL_CALL = common_pb2.ToolCall(
     id="c-1", tool="deploy", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL, idempotency_key="k-1"
 )
-REF = common_pb2.ApprovalRef(execution_id=EXECUTION, tool_call_id="c-1", request_seq=11)
+# The request the kit journals for that call: after the seeded INPUT, EXECUTION_START and TOOL_CALL.
+REF = common_pb2.ApprovalRef(execution_id=EXECUTION, tool_call_id="c-1", request_seq=4)
 
 
 def approval_script(*after_park: common_pb2.Event | None) -> PeerScript:
@@ -368,11 +388,13 @@ def approval_script(*after_park: common_pb2.Event | None) -> PeerScript:
 
 async def test_park_requires_acknowledgement_then_closure_and_reraises() -> None:
     raw = RawHarness(approval_script(event(K.EVENT_PARKED, parked=REF)))
-    sink = RecordingSink(park=REF)
+    env = environment()
+    start, sink = await begin(env)
     async with linked(raw) as remote:
         with pytest.raises(ApprovalParkedError) as parked:
-            await remote.run(start(), sink)
+            await remote.run(start, sink)
     assert parked.value is sink.parked
+    assert env.pending_approval() == REF
     park = raw.peers[0].received[1]
     assert park.park == REF
     assert_stamped(raw.peers[0])
@@ -404,11 +426,12 @@ async def test_park_requires_acknowledgement_then_closure_and_reraises() -> None
     ids=["end-instead", "bare-ack", "wrong-ref", "eof-instead", "extra-end", "late-effect"],
 )
 async def test_park_handoff_failures(after_park: tuple[common_pb2.Event | None, ...], message: str) -> None:
-    sink = RecordingSink(park=REF)
+    env = environment()
     async with linked(RawHarness(approval_script(*after_park))) as remote:
         with pytest.raises(HarnessProtocolError) as failure:
-            await remote.run(start(), sink)
+            await remote.run(*await begin(env))
     assert str(failure.value) == message
+    assert env.pending_approval() == REF, "the durable request is kept"
 
 
 async def test_stalled_park_acknowledgement_is_bounded() -> None:
@@ -420,25 +443,36 @@ async def test_stalled_park_acknowledgement_is_bounded() -> None:
 
     async with linked(RawHarness(script), ack_timeout=0.05) as remote:
         with pytest.raises(HarnessUnavailableError, match="park acknowledgement"):
-            await remote.run(start(), RecordingSink(park=REF))
+            await remote.run(*await begin(environment()))
 
 
 async def test_approval_without_session_is_refused_before_the_host_sink() -> None:
-    sink = RecordingSink(park=REF)
+    env = environment()
+    env.session = ""
     async with linked(RawHarness(approval_script())) as remote:
         with pytest.raises(HarnessProtocolError, match="approval requires session and call id"):
-            await remote.run(start(session=""), sink)
-    assert sink.calls == []
+            await remote.run(*await begin(env))
+    assert journaled(env) == []
 
 
 def receipt(code: common_pb2.ToolResult.Code.ValueType, is_error: bool) -> common_pb2.ToolResult:
     return common_pb2.ToolResult(
-        id="c-1", code=code, is_error=is_error, approval_request_seq=11, approval_decision_seq=12
+        id="c-1", code=code, is_error=is_error, approval_request_seq=4, approval_decision_seq=5
     )
 
 
-def receipt_script(peer_frames: list[harness_pb2.ControllerFrame]) -> PeerScript:
+def decided_script(peer_frames: list[harness_pb2.ControllerFrame]) -> PeerScript:
+    """First conversation: park (acknowledged); later ones: the decision and receipt frames."""
+    parks = approval_script(event(K.EVENT_PARKED, parked=REF))
+    conversations = 0
+
     async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        nonlocal conversations
+        conversations += 1
+        if conversations == 1:
+            async for item in parks(peer):
+                yield item
+            return
         await peer.recv()
         yield event(K.EVENT_TOOL_CALL, tool=APPROVAL_CALL)
         for _ in range(2):
@@ -448,6 +482,19 @@ def receipt_script(peer_frames: list[harness_pb2.ControllerFrame]) -> PeerScript
         yield end()
 
     return script
+
+
+async def parked_then_decided(
+    raw: RawHarness, env: HarnessEnvironment, remote: RemoteHarness, approved: bool, reason: str
+) -> tuple[Start, ScriptedSink]:
+    with pytest.raises(ApprovalParkedError):
+        await remote.run(*await begin(env))
+    env.approve(reason, approved=approved)
+    return env.begin_resume()
+
+
+def failing_deploy(args: dict[str, object]) -> object:
+    raise ToolError("deploy target is down")
 
 
 @pytest.mark.parametrize(
@@ -463,43 +510,51 @@ async def test_decided_approval_sends_decision_then_receipt(
     approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
 ) -> None:
     frames: list[harness_pb2.ControllerFrame] = []
-    decision = common_pb2.ApprovalResult(
-        tool_call_id="c-1", approved=approved, reason="ops said so", request_seq=11
-    )
-    raw = RawHarness(receipt_script(frames))
+    raw = RawHarness(decided_script(frames))
+    deploy = failing_deploy if code == Code.EXECUTOR_ERROR else (lambda args: {"deployed": True})
+    env = environment(deploy=deploy)
     async with linked(raw) as remote:
-        await remote.run(start(), DecidingSink(decision, receipt(code, is_error)))
+        await remote.run(*await parked_then_decided(raw, env, remote, approved, "ops said so"))
     approval, tool = frames
+    decision = common_pb2.ApprovalResult(
+        tool_call_id="c-1", approved=approved, reason="ops said so", request_seq=4
+    )
     assert approval.WhichOneof("frame") == "approval" and approval.approval == decision
-    assert tool.WhichOneof("frame") == "tool" and tool.tool == receipt(code, is_error)
-    assert_stamped(raw.peers[0])
+    assert tool.WhichOneof("frame") == "tool"
+    assert (tool.tool.code, tool.tool.is_error) == (code, is_error)
+    assert (tool.tool.approval_request_seq, tool.tool.approval_decision_seq) == (4, 5)
+    assert_stamped(raw.peers[1])
 
 
 async def test_decision_is_derived_from_the_receipt_when_the_sink_has_none() -> None:
     frames: list[harness_pb2.ControllerFrame] = []
-    async with linked(RawHarness(receipt_script(frames))) as remote:
-        await remote.run(start(), RecordingSink(tool_result=receipt(Code.APPROVAL_DENIED, True)))
-    assert frames[0].approval == common_pb2.ApprovalResult(tool_call_id="c-1", approved=False, request_seq=11)
+    raw = RawHarness(decided_script(frames))
+    env = environment()
+    async with linked(raw) as remote:
+        start, sink = await parked_then_decided(raw, env, remote, False, "no")
+        await remote.run(start, Misreporting(sink, receipt(Code.APPROVAL_DENIED, True)))
+    assert frames[0].approval == common_pb2.ApprovalResult(tool_call_id="c-1", approved=False, request_seq=4)
+
+
+APPROVED = common_pb2.ApprovalResult(tool_call_id="c-1", approved=True, request_seq=4)
 
 
 @pytest.mark.parametrize(
-    "sink",
-    [
-        RecordingSink(tool_result=common_pb2.ToolResult(id="c-1")),
-        DecidingSink(
-            common_pb2.ApprovalResult(tool_call_id="c-1", approved=True, request_seq=11),
-            receipt(Code.APPROVAL_DENIED, True),
-        ),
-    ],
+    ("answer", "decision"),
+    [(common_pb2.ToolResult(id="c-1"), None), (receipt(Code.APPROVAL_DENIED, True), APPROVED)],
     ids=["no-receipt", "conflicting-receipt"],
 )
-async def test_inconsistent_host_receipts_are_not_sent(sink: RecordingSink) -> None:
+async def test_inconsistent_host_receipts_are_not_sent(
+    answer: common_pb2.ToolResult, decision: common_pb2.ApprovalResult | None
+) -> None:
     frames: list[harness_pb2.ControllerFrame] = []
-    raw = RawHarness(receipt_script(frames))
+    raw = RawHarness(decided_script(frames))
+    env = environment(deploy=lambda args: {"deployed": True})
     async with linked(raw) as remote:
+        start, sink = await parked_then_decided(raw, env, remote, True, "yes")
         with pytest.raises(HostSinkError):
-            await remote.run(start(), sink)
-    assert [f.WhichOneof("frame") for f in raw.peers[0].received] == ["start"]
+            await remote.run(start, Misreporting(sink, answer, decision))
+    assert [f.WhichOneof("frame") for f in raw.peers[1].received] == ["start"]
 
 
 async def test_cancel_sends_the_cancel_frame_and_honours_canceled() -> None:
@@ -511,11 +566,11 @@ async def test_cancel_sends_the_cancel_frame_and_honours_canceled() -> None:
         yield end("CANCELED", frame.cancel.reason)
 
     raw = RawHarness(script)
-    sink = RecordingSink()
+    env = environment()
     async with linked(raw) as remote:
-        running = asyncio.create_task(remote.run(start(), sink))
+        running = asyncio.create_task(remote.run(*await begin(env)))
         async with asyncio.timeout(10):
-            await sink.output_seen.wait()
+            await env.journaled(K.EVENT_OUTPUT)
         assert await remote.cancel(EXECUTION, "user pressed stop")
         with pytest.raises(ExecutionCancelledError, match="user pressed stop"):
             await running
@@ -531,11 +586,11 @@ async def test_cancel_cuts_a_harness_that_ignores_it() -> None:
         await peer.recv()  # the cancel frame, ignored
         await peer.recv()  # blocks until the stream is cut
 
-    sink = RecordingSink()
+    env = environment()
     async with linked(RawHarness(script), cancel_grace=0.05) as remote:
-        running = asyncio.create_task(remote.run(start(), sink))
+        running = asyncio.create_task(remote.run(*await begin(env)))
         async with asyncio.timeout(10):
-            await sink.output_seen.wait()
+            await env.journaled(K.EVENT_OUTPUT)
         assert await remote.cancel(EXECUTION, "stop")
         with pytest.raises(ExecutionCancelledError):
             await running

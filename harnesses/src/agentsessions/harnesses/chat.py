@@ -1,8 +1,9 @@
 """The chat harness: the whole conversation so far, plus the new inputs, in one model call.
 
 Context, in order: an optional system message from the execution config
-(``{"system_prompt": "..."}``), the message of every INPUT and OUTPUT event in the history, then
-this execution's inputs. A malformed config fails the execution before any model call.
+(``{"system_prompt": "..."}``), the conversation the journal holds (every INPUT and OUTPUT, and
+the tool exchanges of earlier turns: ``Start.conversation()``), then this execution's inputs. A
+malformed config fails the execution before any model call.
 
 Serve it on its own: ``python -m agentsessions.harnesses.chat --listen 127.0.0.1:50062``.
 """
@@ -12,34 +13,24 @@ from __future__ import annotations
 import json
 import sys
 
-from agentsessions.sdk import EventSink, Start, text_message
+from agentsessions.sdk import Execution, HarnessDescriptor, Message, NativeHarness, Start
 from agentsessions.sdk.cli import serve_main
-from agentsessions.v1 import common_pb2, harness_pb2
-
-_CONVERSATION_KINDS = (common_pb2.EVENT_INPUT, common_pb2.EVENT_OUTPUT)
 
 
 class ChatConfigError(ValueError):
     """The execution config is not a chat config."""
 
 
-class ChatHarness:
+class ChatHarness(NativeHarness):
     """A multi-turn chat over the host's model; ``model`` "" lets the host pick its configured one."""
 
     def __init__(self, model: str = "") -> None:
+        super().__init__()
         self._model = model
+        self.descriptor = HarnessDescriptor(id="chat", version="1", models=(model,) if model else ())
 
-    async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return harness_pb2.HarnessDescriptor(
-            id="chat",
-            version="1",
-            models=[self._model] if self._model else [],
-            capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
-        )
-
-    async def run(self, start: Start, sink: EventSink) -> None:
-        messages = conversation(start)
-        await sink.model(common_pb2.ModelCall(model=self._model, messages=messages))
+    async def execute(self, ex: Execution) -> None:
+        await ex.model(conversation(ex.start), model=self._model)
 
 
 def system_prompt(config: bytes) -> str:
@@ -58,17 +49,10 @@ def system_prompt(config: bytes) -> str:
     return prompt
 
 
-def conversation(start: Start) -> list[common_pb2.Message]:
+def conversation(start: Start) -> list[Message]:
     """The messages one chat turn sends to the model."""
-    messages: list[common_pb2.Message] = []
     prompt = system_prompt(start.config)
-    if prompt:
-        messages.append(text_message("system", prompt))
-    for event in start.history:
-        if event.kind in _CONVERSATION_KINDS and event.HasField("message"):
-            messages.append(event.message)
-    messages.extend(start.inputs)
-    return messages
+    return ([Message.system(prompt)] if prompt else []) + start.conversation()
 
 
 if __name__ == "__main__":

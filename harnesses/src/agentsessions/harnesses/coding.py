@@ -20,23 +20,24 @@ allow-edits   harness, reported   harness, reported        host, after approval
 auto          harness, reported   harness, reported        harness, reported
 ============  ==================  =======================  ==================
 
-"Harness, reported" calls run here and are journaled through ``sink.report`` before the model
-sees their result. "Host, after approval" calls go through ``sink.tool_call`` with
-REQUIRES_APPROVAL: the host journals the intent and parks the execution (the park propagates
-out of ``run`` as ``ApprovalParkedError``); after a decision, recovery re-runs this loop, the
-recorded model completions are served again, and the re-emitted call gets the host's receipt
-(denied, or the result of the host's executor, ``agentsessions.harnesses.coding_tools``).
+"Harness, reported" calls run here and are journaled (reported) before the model sees their
+result. "Host, after approval" calls go to the host with REQUIRES_APPROVAL and a reason naming the
+mode: the host journals the intent and parks the execution (the park propagates out of ``run``
+as ``ApprovalParkedError``); after a decision, recovery re-runs this loop, the recorded model
+completions are served again, and the re-emitted call gets the host's receipt (denied, or the
+result of the host's executor, ``agentsessions.harnesses.coding_tools``).
 
-Replay safety: the harness is STATELESS_REPLAY. Every model call id, tool call id and
-idempotency key is derived from the execution id and the step, so a re-run reproduces them
-byte for byte. Reported tools re-run on replay and recovery (that is the tier's contract): reads
-are harmless, but in ``allow-edits``/``auto`` a recovery repeats in-harness edits and shell
-commands, and a result that differs from the journal (an edit whose text is gone) diverges.
-Use ``ask-before`` where effects must happen exactly once; there the host's receipts dedup them.
+Replay safety: the harness is STATELESS_REPLAY and written on the SDK's native API, so tool call
+ids and idempotency keys are the SDK's deterministic ones (the model's own ids where it gave
+them) and a re-run reproduces every call byte for byte. An in-harness tool within the recorded
+effects of a replay or recovery is answered from the journal and does not run again, so even in
+``allow-edits``/``auto`` an edit or shell command happens once (with a host that offers recorded
+results: ``agentsessions.sdk.extensions``).
 
-Context sent to the model: the system prompt, then for earlier executions each INPUT message
-and the text of each OUTPUT (tool plumbing of finished turns is dropped), then this
-execution's inputs and its own tool exchanges.
+Context sent to the model: the system prompt, then the conversation the journal holds (earlier
+executions' inputs, completions and tool exchanges: ``Start.conversation()``), then this
+execution's inputs and its own tool exchanges. Version 2: version 1 kept only the text of
+earlier outputs and derived its own tool ids, so its executions do not replay on this one.
 
 Serve it on its own: ``python -m agentsessions.harnesses.coding --listen 127.0.0.1:50063``
 (the workspace then comes from each execution's config).
@@ -45,15 +46,13 @@ Serve it on its own: ``python -m agentsessions.harnesses.coding --listen 127.0.0
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import dataclasses
 import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from google.protobuf import json_format, struct_pb2
 
 from agentsessions.harnesses.coding_tools import (
     DEFAULT_SHELL_TIMEOUT_S,
@@ -62,14 +61,27 @@ from agentsessions.harnesses.coding_tools import (
     Workspace,
     run_workspace_tool,
 )
+from agentsessions.sdk import (
+    Execution,
+    HarnessDescriptor,
+    Mediation,
+    Message,
+    NativeHarness,
+    Start,
+    ToolCall,
+    ToolDefinition,
+    ToolError,
+    ToolFunction,
+    ToolResult,
+    ToolSpec,
+)
 from agentsessions.sdk.cli import serve_main
-from agentsessions.sdk.harness import EventSink, Start, message_text, text_message
-from agentsessions.v1 import common_pb2, harness_pb2
 
 MODES = ("plan", "ask-before", "allow-edits", "auto")
 DEFAULT_MODE = "ask-before"
 DEFAULT_MAX_STEPS = 20
 MAX_STEPS_LIMIT = 100
+VERSION = "2"
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful coding agent working in a repository. Use the tools to inspect files "
@@ -77,11 +89,11 @@ DEFAULT_SYSTEM_PROMPT = (
     "summary of what you changed. Paths are relative to the repository root."
 )
 
-_REPORTED = common_pb2.MEDIATION_IN_HARNESS_REPORTED
-_APPROVAL = common_pb2.MEDIATION_REQUIRES_APPROVAL
+_REPORTED = Mediation.IN_HARNESS_REPORTED
+_APPROVAL = Mediation.REQUIRES_APPROVAL
 
 # Who runs each tool in each mode; a tool missing from a mode is not offered to the model.
-_MEDIATION: dict[str, dict[str, common_pb2.Mediation.ValueType]] = {
+_MEDIATION: dict[str, dict[str, Mediation]] = {
     "plan": {"read_file": _REPORTED, "list_dir": _REPORTED},
     "ask-before": {
         "read_file": _REPORTED,
@@ -202,64 +214,21 @@ def parse_config(raw: bytes, defaults: CodingConfig) -> CodingConfig:
     return config
 
 
-def tool_definitions(mode: str) -> list[common_pb2.ToolDefinition]:
+def tool_definitions(mode: str) -> list[ToolDefinition]:
     """The tools offered to the model in ``mode``, in a fixed order."""
-    definitions = []
-    for name in _TOOLS:
-        if name in _MEDIATION[mode]:
-            description, schema = _TOOLS[name]
-            input_schema = struct_pb2.Struct()
-            input_schema.update(schema)
-            definitions.append(
-                common_pb2.ToolDefinition(name=name, description=description, input_schema=input_schema)
-            )
-    return definitions
+    return [
+        ToolDefinition(name=name, description=description, schema=schema)
+        for name, (description, schema) in _TOOLS.items()
+        if name in _MEDIATION[mode]
+    ]
 
 
-def conversation(start: Start, system_prompt: str) -> list[common_pb2.Message]:
+def conversation(start: Start, system_prompt: str) -> list[Message]:
     """The context of the first model call of an execution."""
-    messages: list[common_pb2.Message] = []
-    if system_prompt:
-        messages.append(text_message("system", system_prompt))
-    for event in start.history:
-        if not event.HasField("message"):
-            continue
-        if event.kind == common_pb2.EVENT_INPUT:
-            messages.append(event.message)
-        elif event.kind == common_pb2.EVENT_OUTPUT:
-            text = message_text(event.message)
-            if text:
-                messages.append(text_message(event.message.role or "assistant", text))
-    messages.extend(start.inputs)
-    return messages
+    return ([Message.system(system_prompt)] if system_prompt else []) + start.conversation()
 
 
-def model_call_id(execution_id: str, step: int) -> str:
-    """A 16-hex model call id, the same on every run of the execution."""
-    return hashlib.sha256(f"{execution_id}/model/{step}".encode()).hexdigest()[:16]
-
-
-def tool_call_id(execution_id: str, step: int, index: int) -> str:
-    """The journaled id of the index-th tool call the model proposed at ``step``."""
-    return f"call-{execution_id}-{step}-{index}"
-
-
-def idempotency_key(execution_id: str, step: int, index: int) -> str:
-    """The host-side dedup key of that call (unique in the session: execution ids are)."""
-    return f"coding-{execution_id}-{step}-{index}"
-
-
-def _args_of(call: common_pb2.ToolCall) -> dict[str, Any]:
-    return json_format.MessageToDict(call.args) if call.HasField("args") else {}
-
-
-def _struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
-    struct = struct_pb2.Struct()
-    struct.update(dict(value))
-    return struct
-
-
-class CodingHarness:
+class CodingHarness(NativeHarness):
     """The coding agent. Constructor values are defaults an execution's config may override."""
 
     def __init__(
@@ -272,6 +241,7 @@ class CodingHarness:
         max_steps: int = DEFAULT_MAX_STEPS,
         shell_timeout_s: float = DEFAULT_SHELL_TIMEOUT_S,
     ) -> None:
+        super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         self._defaults = CodingConfig(
@@ -282,109 +252,75 @@ class CodingHarness:
             max_steps=max_steps,
             shell_timeout_s=shell_timeout_s,
         )
-
-    async def describe(self) -> harness_pb2.HarnessDescriptor:
         # Mediation as the default mode runs each tool; a tool that mode withholds is listed as
         # REQUIRES_APPROVAL, the strictest tier another execution's mode may run it under.
-        default = _MEDIATION[self._defaults.mode]
-        tools = [
-            harness_pb2.ToolSpec(
-                name=name, description=_TOOLS[name][0], mediation=default.get(name, _APPROVAL)
-            )
-            for name in _TOOLS
-        ]
-        return harness_pb2.HarnessDescriptor(
+        default = _MEDIATION[mode]
+        self.descriptor = HarnessDescriptor(
             id="coding",
-            version="1",
-            models=[self._defaults.model] if self._defaults.model else [],
-            tools=tools,
-            capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
+            version=VERSION,
+            models=(model,) if model else (),
+            tools=tuple(
+                ToolSpec(name=name, description=_TOOLS[name][0], mediation=default.get(name, _APPROVAL))
+                for name in _TOOLS
+            ),
         )
 
-    async def run(self, start: Start, sink: EventSink) -> None:
-        config = parse_config(start.config, self._defaults)
+    async def execute(self, ex: Execution) -> None:
+        config = parse_config(ex.start.config, self._defaults)
         try:
             workspace = await asyncio.to_thread(Workspace.open, config.workspace)
         except CodingToolError as exc:
             raise CodingConfigError(f"coding config workspace: {exc}") from None
-        await _AgentLoop(start, sink, config, workspace).run()
+        await _AgentLoop(ex, config, workspace).run()
 
 
 class _AgentLoop:
     """One execution: model, tools, model, ... until an answer without tool calls."""
 
-    def __init__(self, start: Start, sink: EventSink, config: CodingConfig, workspace: Workspace) -> None:
-        self._start = start
-        self._sink = sink
+    def __init__(self, ex: Execution, config: CodingConfig, workspace: Workspace) -> None:
+        self._ex = ex
         self._config = config
         self._workspace = workspace
         self._mediation = _MEDIATION[config.mode]
         self._tools = tool_definitions(config.mode)
 
     async def run(self) -> None:
-        execution = self._start.execution_id
-        messages = conversation(self._start, self._config.system_prompt)
-        for step in range(self._config.max_steps):
-            result = await self._sink.model(
-                common_pb2.ModelCall(
-                    model=self._config.model,
-                    id=model_call_id(execution, step),
-                    messages=messages,
-                    tools=self._tools,
-                    tool_choice=common_pb2.ToolChoice(mode=common_pb2.ToolChoice.MODE_AUTO),
-                )
-            )
-            completion = common_pb2.Message()
-            completion.CopyFrom(result.message)
-            proposed = [part.tool_call for part in completion.parts if part.WhichOneof("part") == "tool_call"]
-            if not proposed:
+        ex = self._ex
+        messages = conversation(ex.start, self._config.system_prompt)
+        for _ in range(self._config.max_steps):
+            result = await ex.model(messages, model=self._config.model, tools=self._tools, tool_choice="auto")
+            if not result.tool_calls:
                 return  # the completion is the answer, already journaled as OUTPUT
-            for index, call in enumerate(proposed):
-                if not call.id:
-                    call.id = tool_call_id(execution, step, index)  # the model must see ids to match results
-            messages.append(completion)
-            for index, call in enumerate(proposed):
-                outcome = await self._run_tool(step, index, call)
-                answer = common_pb2.ToolResult(
-                    id=call.id,
-                    output=outcome.output,
-                    content=outcome.content,
-                    is_error=outcome.is_error,
-                    error=outcome.error,
-                )
-                messages.append(common_pb2.Message(role="tool", parts=[common_pb2.Part(tool_result=answer)]))
-        await self._sink.output(f"Stopped after {self._config.max_steps} model steps without a final answer.")
+            messages.append(result.message)
+            for call in result.tool_calls:
+                messages.append(Message.tool(await self._run_tool(call)))
+        await ex.output(f"Stopped after {self._config.max_steps} model steps without a final answer.")
 
-    async def _run_tool(self, step: int, index: int, proposed: common_pb2.ToolCall) -> common_pb2.ToolResult:
-        execution = self._start.execution_id
-        call_id = tool_call_id(execution, step, index)
-        mediation = self._mediation.get(proposed.tool)
-        args = _args_of(proposed)
+    async def _run_tool(self, call: ToolCall) -> ToolResult:
+        mediation = self._mediation.get(call.name)
         if mediation is None:
             offered = ", ".join(self._mediation)
-            why = f"tool {proposed.tool!r} is not available in {self._config.mode} mode (tools: {offered})"
-            refusal = common_pb2.ToolResult(id=call_id, is_error=True, error=why)
-            await self._sink.report(refusal)
-            return refusal
+            why = f"tool {call.name!r} is not available in {self._config.mode} mode (tools: {offered})"
+            return await self._ex.call_tool(dataclasses.replace(call, mediation=_REPORTED), _refuse(why))
         if mediation == _APPROVAL:
-            return await self._sink.tool_call(
-                common_pb2.ToolCall(
-                    id=call_id,
-                    tool=proposed.tool,
-                    args=_struct(self._host_args(proposed.tool, args)),
-                    mediation=_APPROVAL,
-                    idempotency_key=idempotency_key(execution, step, index),
+            gated = dataclasses.replace(call, args=self._host_args(call.name, call.args), mediation=_APPROVAL)
+            return await self._ex.call_tool(
+                gated, reason=f"{call.name} needs approval in {self._config.mode} mode"
+            )
+        return await self._ex.call_tool(
+            dataclasses.replace(call, mediation=_REPORTED), self._workspace_tool(call.name)
+        )
+
+    def _workspace_tool(self, name: str) -> ToolFunction:
+        async def run(args: dict[str, Any]) -> Any:
+            try:
+                return await run_workspace_tool(
+                    self._workspace, name, args, shell_timeout_s=self._config.shell_timeout_s
                 )
-            )
-        try:
-            output = await run_workspace_tool(
-                self._workspace, proposed.tool, args, shell_timeout_s=self._config.shell_timeout_s
-            )
-            result = common_pb2.ToolResult(id=call_id, output=_struct(output))
-        except CodingToolError as exc:
-            result = common_pb2.ToolResult(id=call_id, is_error=True, error=str(exc))
-        await self._sink.report(result)
-        return result
+            except CodingToolError as exc:
+                raise ToolError(str(exc)) from None
+
+        return run
 
     def _host_args(self, tool: str, args: Mapping[str, Any]) -> dict[str, Any]:
         # The host's executor acts where this execution's config says, whatever the model wrote.
@@ -401,6 +337,13 @@ class _AgentLoop:
                 bound = float(requested)
             host_args["timeout_s"] = bound
         return host_args
+
+
+def _refuse(why: str) -> ToolFunction:
+    def refuse(args: dict[str, Any]) -> Any:
+        raise ToolError(why)
+
+    return refuse
 
 
 if __name__ == "__main__":

@@ -19,36 +19,31 @@ from __future__ import annotations
 
 import sys
 
+from agentsessions.sdk import Execution, HarnessDescriptor, NativeHarness, Resumability
 from agentsessions.sdk.cli import serve_main
-from agentsessions.sdk.harness import EventSink, Start
-from agentsessions.v1 import harness_pb2
 
 
-class CounterHarness:
+class CounterHarness(NativeHarness):
     """Counts executions per session in memory; outputs the count as text ("1", "2", ...)."""
 
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
+    descriptor = HarnessDescriptor(
+        id="counter", version="1", resumability=Resumability.REQUIRES_MEMORY_SNAPSHOT
+    )
 
-    async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return harness_pb2.HarnessDescriptor(
-            id="counter",
-            version="1",
-            capabilities=harness_pb2.Capabilities(
-                resumability=harness_pb2.RESUMABILITY_REQUIRES_MEMORY_SNAPSHOT
-            ),
-        )
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts: dict[str, int] = {}
 
     def count(self, session: str) -> int:
         """The current count of a session (0 before its first execution)."""
         return self._counts.get(session, 0)
 
-    async def run(self, start: Start, sink: EventSink) -> None:
-        # Memory is the state; start.history is deliberately not read (invariant I4).
-        count = self._counts.get(start.session, 0) + 1
-        await sink.output(str(count))
+    async def execute(self, ex: Execution) -> None:
+        # Memory is the state; the history is deliberately not read (invariant I4).
+        count = self._counts.get(ex.session, 0) + 1
+        await ex.output(str(count))
         # Counted only once the host has journaled it, so memory never runs ahead of the journal.
-        self._counts[start.session] = count
+        self._counts[ex.session] = count
 
 
 if __name__ == "__main__":

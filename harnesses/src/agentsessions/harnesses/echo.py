@@ -7,25 +7,17 @@ from __future__ import annotations
 
 import sys
 
-from agentsessions.sdk import EventSink, Start, text_message
+from agentsessions.sdk import Execution, HarnessDescriptor, Message, NativeHarness
 from agentsessions.sdk.cli import serve_main
-from agentsessions.v1 import common_pb2, harness_pb2
 
 
-class EchoHarness:
+class EchoHarness(NativeHarness):
     """Asks the host's model to answer the last input; the embedded echo model returns "echo:" + it."""
 
-    async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return harness_pb2.HarnessDescriptor(
-            id="echo",
-            version="1",
-            models=["echo"],
-            capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
-        )
+    descriptor = HarnessDescriptor(id="echo", version="1", models=("echo",))
 
-    async def run(self, start: Start, sink: EventSink) -> None:
-        prompt = text_message("user", start.last_input_text())
-        await sink.model(common_pb2.ModelCall(model="echo", messages=[prompt]))
+    async def execute(self, ex: Execution) -> None:
+        await ex.model([Message.user(ex.input_text())], model="echo")
 
 
 if __name__ == "__main__":

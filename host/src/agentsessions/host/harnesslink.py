@@ -17,6 +17,11 @@ consistent with the decision (spec 5.5) or the bridge refuses to send it.
 End of stream. END COMPLETED returns; END FAILED raises :class:`HarnessFailedError`; EOF
 without END is treated as completed, as the reference host does, so a harness that simply
 returns is not reported as failed.
+
+Beyond v1 (``agentsessions.sdk.extensions``, announced in the Connect metadata): a re-run says
+its mode and how many effects are recorded, and then answers an IN_HARNESS_REPORTED tool call
+with the recorded result (the sink's ``recorded_report``); an APPROVAL_REQUEST event just
+before a REQUIRES_APPROVAL call gives the sink the harness's reason for it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from agentsessions.host.controller.errors import HarnessUnavailableError
 from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
-from agentsessions.sdk.harness import EventSink, Start, message_text
+from agentsessions.sdk.extensions import connect_metadata
+from agentsessions.sdk.harness import EventSink, Start, approval_details, message_text, recorded_results
 from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
@@ -279,9 +285,15 @@ class _Bridge:
 
     async def _bridge(self) -> None:
         start = self._start
+        sink = self._sink
+        replaying = recorded_results(sink)
+        if replaying is not None and replaying.recorded_effects > 0:
+            extensions = connect_metadata(replaying.run_mode, replaying.recorded_effects)
+        else:
+            extensions = connect_metadata("live", 0)
         try:
             # The turn's trace context rides along, so the harness's spans join the turn.
-            self._call = self._link._harness_stub().Connect(metadata=outgoing_metadata())
+            self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
         body = harness_pb2.Start(
@@ -309,6 +321,12 @@ class _Bridge:
             raise HarnessProtocolError(
                 f"event execution_id mismatch: got {event.execution_id!r}, want {self._start.execution_id!r}"
             )
+        approval_reason = kind == _KIND.EVENT_APPROVAL_REQUEST and event.WhichOneof("body") == "approval"
+        details = approval_details(self._sink) if approval_reason else None
+        if details is not None:
+            # The reason for the REQUIRES_APPROVAL call that follows (announced in the metadata).
+            details.approval_reason(event.approval.tool_call_id, event.approval.reason)
+            return False
         if kind in _HOST_OWNED:
             raise HarnessProtocolError(f"harness emitted host-owned control event {name}")
         if kind in _IGNORED:
@@ -355,9 +373,19 @@ class _Bridge:
         )
 
     async def _tool_call(self, call: common_pb2.ToolCall) -> None:
+        replaying = recorded_results(self._sink)
+        if (
+            call.mediation == common_pb2.MEDIATION_IN_HARNESS_REPORTED
+            and replaying is not None
+            and replaying.recorded_effects > 0
+        ):
+            recorded = await replaying.recorded_report(call)
+            await self._send(harness_pb2.ControllerFrame(tool=recorded))
+            return
         approval = call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL
         if approval and (not self._start.session or not call.id):
             raise HarnessProtocolError("approval requires session and call id")
+        park: ApprovalParkedError | None = None
         try:
             result = await self._sink.tool_call(call)
         except ApprovalParkedError as parked:
@@ -365,8 +393,12 @@ class _Bridge:
                 raise HostSinkError(
                     f"host sink parked tool call {call.id!r}, which does not require approval"
                 ) from parked
-            await self._park(parked, call)
-            raise
+            park = parked
+        if park is not None:
+            # Outside the except block: a failed handoff is its own error, not a wrapped park.
+            await self._park(park, call)
+            raise park
+        assert result is not None
         reply = common_pb2.ToolResult()
         reply.CopyFrom(result)
         reply.id = call.id  # the receipt answers this call, whatever id an executor returned

@@ -41,3 +41,35 @@ class ApprovalParkedError(SinkError):
             f"is parked awaiting approval (request seq {ref.request_seq})"
         )
         self.ref = ref
+
+
+class ToolError(Exception):
+    """Raised by an in-harness tool to report a failed result (``is_error``, the message as
+    ``error``) that the model then sees; any other exception fails the execution."""
+
+
+def find_park(error: BaseException | None) -> ApprovalParkedError | None:
+    """The approval park ``error`` carries, or None.
+
+    A park is still a park when a framework wrapped it: raised ``from`` it (``__cause__``),
+    raised while handling it (``__context__``, unless suppressed with ``from None``: that says
+    the new error is not about the park), or grouped by a TaskGroup (every member of the group
+    then has to carry the same park, or the run failed for another reason too)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ApprovalParkedError):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            parks = [find_park(inner) for inner in error.exceptions]
+            first = parks[0] if parks else None
+            if first is not None and all(p is not None and p.ref == first.ref for p in parks):
+                return first
+            return None
+        if error.__cause__ is not None:
+            error = error.__cause__
+        elif error.__suppress_context__:
+            return None
+        else:
+            error = error.__context__
+    return None

@@ -31,7 +31,7 @@ from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import ConflictError, FencedError
 from agentsessions.host.telemetry.genai import traced_turn
 from agentsessions.host.tools.errors import MissingToolExecutorError
-from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError, find_park
 from agentsessions.sdk.harness import Harness, Start
 from agentsessions.v1 import common_pb2
 
@@ -128,8 +128,8 @@ class Driver:
             except TimeoutError as exc:
                 failure = DeadlineExceededError(f"deadline_unix {deadline_unix} passed during the turn")
                 failure.__cause__ = exc
-            except Exception as exc:
-                failure = exc
+            except Exception as exc:  # a park a framework wrapped is still the park
+                failure = None if sink.parked is not None and find_park(exc) is sink.parked else exc
         except asyncio.CancelledError:
             sink.close()
             with contextlib.suppress(Exception):

@@ -45,6 +45,7 @@ class Effect:
     reply: common_pb2.Event | None = None  # OUTPUT of a model call, TOOL_RESULT of a tool call
     approval_request: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_REQUEST)
     approval_result: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_RESULT)
+    usage: common_pb2.Event | None = None  # the USAGE journaled right after a model call's OUTPUT
 
 
 @dataclass
@@ -164,15 +165,22 @@ def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[lis
 
     MODEL_CALL pairs with the OUTPUT that follows it; TOOL_CALL with its approval records and
     the TOOL_RESULT carrying its id; a lone OUTPUT is direct output and a lone TOOL_RESULT a
-    harness report. USAGE is accounting, not an effect; ERROR and END are not effects.
+    harness report. USAGE is accounting, not an effect: the one right after a model call's OUTPUT
+    is that call's (served with it), the others are counted; ERROR and END are not effects.
     """
     effects: list[Effect] = []
     usage = 0
     open_tools: dict[str, Effect] = {}
     pending_model: Effect | None = None
+    answered_model: Effect | None = None  # the model effect whose OUTPUT was the last record
     for index in ex.indexes:
         ev = events[index]
         kind = ev.kind
+        if kind == K.EVENT_USAGE and answered_model is not None:
+            answered_model.usage = ev
+            answered_model = None
+            continue
+        answered_model = None
         if kind == K.EVENT_MODEL_CALL:
             pending_model = Effect("model", ev)
             effects.append(pending_model)
@@ -180,6 +188,7 @@ def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[lis
         if kind == K.EVENT_OUTPUT:
             if pending_model is not None and pending_model.reply is None:
                 pending_model.reply = ev
+                answered_model = pending_model
             else:
                 effects.append(Effect("output", ev))
             pending_model = None

@@ -5,6 +5,15 @@ turn) and serves them back in order, checking that the harness asks for exactly 
 recorded (I0, output and tool identity, result correlation). Once the recorded effects are
 used up it goes live — journaling intent before every effect — unless it is a pure replay,
 where any unrecorded request is divergence. Divergence and parks are sticky.
+
+Usage. A model call's usage, when the provider reports one, is journaled once, as a USAGE record
+right after its OUTPUT, and served with the recorded completion on replay and recovery. A
+harness that also reports usage itself (``usage()``) with the same value as the last model
+call's is reporting that same accounting: it is not journaled again. Any other usage is.
+
+Beyond v1 (``agentsessions.sdk.extensions``): ``recorded_report`` serves an in-harness tool's
+recorded result instead of the harness re-running it, and ``approval_reason`` lets a harness say
+why a call needs approval (journaled in its APPROVAL_REQUEST).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
-from agentsessions.sdk.harness import text_message
+from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
@@ -82,6 +91,11 @@ class ExecutionSink:
         self.counters = SinkCounters()
         # Decisions served with receipts, by call id (transports relay them before the receipt).
         self._decisions: dict[str, common_pb2.ApprovalResult] = {}
+        self._reasons: dict[str, str] = {}
+        self._last_usage: common_pb2.Usage | None = None
+        self._model_calls = 0  # model effects asked for so far (names the call in a divergence)
+        self.recorded_effects = len(self._recorded)
+        self.run_mode = "replay" if not live else ("recovery" if self._recorded else "live")
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -92,6 +106,11 @@ class ExecutionSink:
     def approval_decision(self, tool_call_id: str) -> common_pb2.ApprovalResult | None:
         """The recorded decision behind a receipt this sink returned (for the Connect bridge)."""
         return self._decisions.get(tool_call_id)
+
+    def approval_reason(self, tool_call_id: str, reason: str) -> None:
+        """Why the harness asks approval for this call (journaled with its APPROVAL_REQUEST)."""
+        if reason:
+            self._reasons[tool_call_id] = reason
 
     def unconsumed(self) -> int:
         """Recorded effects the harness has not asked for (non-zero after run = divergence)."""
@@ -130,32 +149,45 @@ class ExecutionSink:
         async with self._lock:
             self._check_open()
             input_hash = model_input_hash(call)
+            self._model_calls += 1
             effect = self._next_recorded("model")
             if effect is not None:
                 recorded = effect.call.model
                 if recorded.input_hash != input_hash:
-                    raise self._diverge("model input hash mismatch - harness violated STATELESS_REPLAY (I0)")
+                    raise self._diverge(_input_mismatch(self._model_calls, recorded, call))
                 if effect.reply is not None:
                     self._cursor += 1
-                    return harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
+                    served = harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
+                    self._last_usage = None
+                    if effect.usage is not None:
+                        served.usage.CopyFrom(effect.usage.usage)
+                        self._last_usage = served.usage
+                    return served
                 if self._cursor != len(self._recorded) - 1 or not self._live or not self._redrive_model:
                     raise self._diverge("recorded completion missing")
                 # A trailing MODEL_CALL without OUTPUT: re-drive the provider once, reuse the record.
                 result = await self._invoke_model(call)
                 self._cursor += 1
-                await self._record(common_pb2.Event(kind=K.EVENT_OUTPUT, message=result.message))
-                return harness_pb2.ModelResult(
-                    message=result.message, usage=result.usage, model_call_id=call.id
-                )
-            await self._record(
-                common_pb2.Event(
-                    kind=K.EVENT_MODEL_CALL,
-                    model=common_pb2.ModelCall(model=call.model, input_hash=input_hash, id=self._new_id()),
-                )
-            )
+                return await self._record_completion(call, result)
+            intent = common_pb2.ModelCall(model=call.model, input_hash=input_hash, id=self._new_id())
+            if call.params:
+                intent.params.update(call.params)
+            await self._record(common_pb2.Event(kind=K.EVENT_MODEL_CALL, model=intent))
             result = await self._invoke_model(call)
-            await self._record(common_pb2.Event(kind=K.EVENT_OUTPUT, message=result.message))
-            return harness_pb2.ModelResult(message=result.message, usage=result.usage, model_call_id=call.id)
+            return await self._record_completion(call, result)
+
+    async def _record_completion(
+        self, call: common_pb2.ModelCall, result: harness_pb2.ModelResult
+    ) -> harness_pb2.ModelResult:
+        """Journal a fresh completion (OUTPUT, then its usage once) and answer the harness."""
+        await self._record(common_pb2.Event(kind=K.EVENT_OUTPUT, message=result.message))
+        reply = harness_pb2.ModelResult(message=result.message, model_call_id=call.id)
+        self._last_usage = None
+        if result.HasField("usage"):
+            reply.usage.CopyFrom(result.usage)
+            await self._record(common_pb2.Event(kind=K.EVENT_USAGE, usage=reply.usage))
+            self._last_usage = reply.usage
+        return reply
 
     async def _invoke_model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
         if self._model is None:
@@ -180,7 +212,10 @@ class ExecutionSink:
             message = text_message("assistant", text)
             if effect is not None:
                 if effect.call.message != message:
-                    raise self._diverge("output mismatch with the recorded OUTPUT")
+                    raise self._diverge(
+                        f"output mismatch with the recorded OUTPUT: the harness wrote {_quote(text)} "
+                        f"where the journal recorded {_quote(message_text(effect.call.message))}"
+                    )
                 self._cursor += 1
                 return
             await self._record(common_pb2.Event(kind=K.EVENT_OUTPUT, message=message))
@@ -202,6 +237,9 @@ class ExecutionSink:
     async def usage(self, usage: common_pb2.Usage) -> None:
         async with self._lock:
             self._check_open()
+            if self._last_usage is not None and usage == self._last_usage:
+                self._last_usage = None  # the last model call's usage, journaled with its OUTPUT
+                return
             if self._usage_left > 0:
                 self._usage_left -= 1  # already journaled before the interruption
                 return
@@ -218,7 +256,8 @@ class ExecutionSink:
                 return await self._live_tool_call(call)
             recorded = effect.call.tool
             if _tool_identity(recorded) != _tool_identity(call):
-                raise self._diverge(f"tool call {call.id!r} differs from the recorded intent")
+                difference = _tool_difference(recorded, call)
+                raise self._diverge(f"tool call {call.id!r} differs from the recorded intent in {difference}")
             if effect.reply is not None:
                 self._cursor += 1
                 if effect.approval_result is not None:
@@ -235,6 +274,29 @@ class ExecutionSink:
             if call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL:
                 return await self._approval_gate(recorded, effect)
             return await self._execute(recorded)
+
+    async def recorded_report(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
+        """The recorded result of an in-harness call, consumed as its report (see the docstring)."""
+        async with self._lock:
+            self._check_open()
+            if self._cursor >= len(self._recorded):
+                raise self._diverge(
+                    f"harness asked for the recorded result of in-harness tool call {call.id!r} "
+                    "past the recorded effects"
+                )
+            effect = self._recorded[self._cursor]
+            if effect.kind != "report":
+                raise self._diverge(
+                    f"harness asked for the recorded result of in-harness tool call {call.id!r} "
+                    f"where the journal recorded {effect.kind}"
+                )
+            if effect.call.result.id != call.id:
+                raise self._diverge(
+                    f"in-harness tool call {call.id!r} does not match the recorded result "
+                    f"{effect.call.result.id!r}"
+                )
+            self._cursor += 1
+            return effect.call.result
 
     # -- tools ----------------------------------------------------------------------------
 
@@ -266,7 +328,10 @@ class ExecutionSink:
     async def _approval_gate(self, call: common_pb2.ToolCall, effect: Effect) -> common_pb2.ToolResult:
         if effect.approval_request is None:
             request = common_pb2.Event(
-                kind=K.EVENT_APPROVAL_REQUEST, approval=common_pb2.ApprovalRequest(tool_call_id=call.id)
+                kind=K.EVENT_APPROVAL_REQUEST,
+                approval=common_pb2.ApprovalRequest(
+                    tool_call_id=call.id, reason=self._reasons.pop(call.id, "")
+                ),
             )
             if self._gate is not None:
                 self._gate.stamp_request(request)
@@ -308,3 +373,48 @@ class ExecutionSink:
 def _tool_identity(call: common_pb2.ToolCall) -> tuple[str, str, bytes, int, str, bool]:
     args = call.args.SerializeToString(deterministic=True) if call.HasField("args") else b""
     return (call.id, call.tool, args, call.mediation, call.idempotency_key, call.HasField("args"))
+
+
+def _tool_difference(recorded: common_pb2.ToolCall, call: common_pb2.ToolCall) -> str:
+    """Which fields of a re-issued tool call differ from its recorded intent, and how."""
+    differences = []
+    if recorded.id != call.id:
+        differences.append(f"id ({call.id!r}, recorded {recorded.id!r})")
+    if recorded.tool != call.tool:
+        differences.append(f"tool ({call.tool!r}, recorded {recorded.tool!r})")
+    recorded_args, args = _tool_identity(recorded), _tool_identity(call)
+    if (recorded_args[2], recorded_args[5]) != (args[2], args[5]):  # the args and their presence
+        mine, theirs = dict(call.args.fields), dict(recorded.args.fields)
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        differences.append(f"args (keys {', '.join(map(repr, keys))})" if keys else "args (presence)")
+    if recorded.mediation != call.mediation:
+        names = common_pb2.Mediation.Name
+        differences.append(f"mediation ({names(call.mediation)}, recorded {names(recorded.mediation)})")
+    if recorded.idempotency_key != call.idempotency_key:
+        differences.append(
+            f"idempotency_key ({call.idempotency_key!r}, recorded {recorded.idempotency_key!r})"
+        )
+    return ", ".join(differences)
+
+
+def _input_mismatch(index: int, recorded: common_pb2.ModelCall, call: common_pb2.ModelCall) -> str:
+    """I0's divergence, saying what differs as far as the journal knows: it keeps the model and the
+    params, and only a hash of the messages, tools and tool choice."""
+    head = f"model call {index}: model input hash mismatch - harness violated STATELESS_REPLAY (I0)"
+    if recorded.model != call.model:
+        return f"{head}: the request names model {call.model!r} where the journal recorded {recorded.model!r}"
+    if dict(recorded.params) != dict(call.params):
+        keys = sorted(
+            k for k in set(call.params) | set(recorded.params) if call.params.get(k) != recorded.params.get(k)
+        )
+        return f"{head}: params {', '.join(keys)} differ from the journal's"
+    return (
+        f"{head}: its model and params match the journal, so its messages ({len(call.messages)}), "
+        f"tools ({len(call.tools)}) or tool choice differ, which the journal keeps only as a hash; "
+        "dump the request on the harness side (AGENTSESSIONS_SDK_DUMP_DIR) or compare it with the live "
+        "one in agentsessions.sdk.testing.check_replay"
+    )
+
+
+def _quote(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")

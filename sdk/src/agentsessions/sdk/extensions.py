@@ -1,0 +1,86 @@
+"""What this host and SDK say on ``Harness.Connect`` beyond agentsessions.v1, and how.
+
+No v1 message changes. The host announces everything in the call's request metadata, and the
+harness side uses an extension only when the host announced it, so a v1 host (which announces
+nothing) sees plain v1 from this SDK, and a v1 harness (which reads no metadata) sees plain v1
+from this host.
+
+``agentsessions-run: replay | recovery`` (absent: a live turn) and
+``agentsessions-recorded-effects: N``
+    The host is re-running an execution whose journal already holds N effects (model calls,
+    direct outputs, tool calls, reports: what the sink's calls consume, in order). While the
+    harness's own effects are within those N, it may ask for the *recorded* result of an
+    IN_HARNESS_REPORTED tool call instead of running the tool again: it sends
+    ``Event{EVENT_TOOL_CALL, tool: ToolCall{id, tool, args, mediation: IN_HARNESS_REPORTED}}``
+    and the host answers ``ControllerFrame{tool: <the recorded ToolResult>}``, consuming that
+    report exactly as a re-sent ``EVENT_TOOL_RESULT`` would (the ids must match, or the replay
+    diverged). So a side-effecting in-harness tool runs once, live, and never again on
+    ``agentsessions replay`` or on Resume. Past the N recorded effects the harness runs the tool
+    and reports it as usual.
+
+``agentsessions-features: approval-reason``
+    The host takes a reason for an approval request: just before a REQUIRES_APPROVAL
+    ``EVENT_TOOL_CALL`` the harness may send ``Event{EVENT_APPROVAL_REQUEST, approval:
+    ApprovalRequest{tool_call_id, reason}}`` (no reply); the host journals that reason in the
+    APPROVAL_REQUEST record it writes for the call. (The decision's reason needs no extension:
+    v1's ``ControllerFrame.approval`` carries it.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+RUN_MODE = "agentsessions-run"
+RECORDED_EFFECTS = "agentsessions-recorded-effects"
+FEATURES = "agentsessions-features"
+APPROVAL_REASON = "approval-reason"
+
+LIVE = "live"
+RECOVERY = "recovery"
+REPLAY = "replay"
+_MODES = frozenset({RECOVERY, REPLAY})
+
+
+@dataclass(frozen=True)
+class ConnectExtensions:
+    """What the host announced on one Connect call."""
+
+    run_mode: str = LIVE
+    recorded_effects: int = 0
+    approval_reason: bool = False
+
+
+NONE = ConnectExtensions()
+
+
+def connect_metadata(run_mode: str, recorded_effects: int) -> list[tuple[str, str]]:
+    """The metadata the host sends on a Connect call for a run of this mode."""
+    metadata = [(FEATURES, APPROVAL_REASON)]
+    if run_mode in _MODES:
+        metadata.append((RUN_MODE, run_mode))
+        metadata.append((RECORDED_EFFECTS, str(recorded_effects)))
+    return metadata
+
+
+def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> ConnectExtensions:
+    """The extensions a Connect call's metadata announces (malformed values announce nothing)."""
+    if not metadata:
+        return NONE
+    mode = LIVE
+    recorded = 0
+    reason = False
+    for key, value in metadata:
+        if not isinstance(value, str):
+            continue
+        if key == RUN_MODE and value in _MODES:
+            mode = value
+        elif key == RECORDED_EFFECTS and value.isdigit():
+            recorded = int(value)
+        elif key == FEATURES:
+            reason = APPROVAL_REASON in (v.strip() for v in value.split(","))
+    if mode == LIVE:
+        recorded = 0
+    if (mode, recorded, reason) == (LIVE, 0, False):
+        return NONE
+    return ConnectExtensions(run_mode=mode, recorded_effects=recorded, approval_reason=reason)

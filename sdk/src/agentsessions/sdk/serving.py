@@ -1,0 +1,106 @@
+"""Serving a harness over gRPC: bind, start, stop (the servicer itself is in ``servicer``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from agentsessions.sdk.harness import Harness, require_harness
+from agentsessions.sdk.limits import MAX_MESSAGE_BYTES, MESSAGE_SIZE_OPTIONS
+from agentsessions.sdk.servicer import HarnessServicer, add_to_server
+from agentsessions.sdk.tls import ServerTLS, add_port
+
+# The server options every harness server uses (the old name, kept for importers).
+GRPC_OPTIONS = MESSAGE_SIZE_OPTIONS
+__all__ = ["GRPC_OPTIONS", "MAX_MESSAGE_BYTES", "HarnessServer", "run_server", "serve", "start_server"]
+
+
+@dataclass
+class HarnessServer:
+    """A running harness server: the address it is bound to and how to stop it."""
+
+    server: grpc.aio.Server
+    address: str
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await self.server.stop(grace)
+
+    async def wait_for_termination(self) -> None:
+        await self.server.wait_for_termination()
+
+
+async def start_server(
+    harness: Harness,
+    address: str,
+    *,
+    servicer: HarnessServicer | None = None,
+    tls: ServerTLS | None = None,
+) -> HarnessServer:
+    """Bind ``address`` (``host:port``, port 0 picks one, or ``unix:path``) and start serving,
+    over TLS (mutual TLS when ``tls`` names a client CA) when ``tls`` is given. Raises TypeError
+    before binding anything when ``harness`` is not a harness."""
+    require_harness(harness, "start_server")
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    add_to_server(servicer or HarnessServicer(harness), server)
+    try:
+        port = add_port(server, address, tls)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {address!r}: {exc}") from exc
+    await server.start()
+    return HarnessServer(server=server, address=_bound_address(address, port))
+
+
+async def serve(
+    harness: Harness,
+    address: str,
+    *,
+    grace: float = 5.0,
+    on_ready: Callable[[str], None] | None = None,
+    tls: ServerTLS | None = None,
+) -> None:
+    """Serve ``harness`` on ``address`` until cancelled, then stop gracefully."""
+    require_harness(harness, "serve")
+    running = await start_server(harness, address, tls=tls)
+    if on_ready is not None:
+        on_ready(running.address)
+    try:
+        await running.wait_for_termination()
+    finally:
+        await asyncio.shield(running.stop(grace))
+
+
+def run_server(
+    harness: Harness,
+    address: str,
+    *,
+    grace: float = 5.0,
+    on_ready: Callable[[str], None] | None = None,
+    tls: ServerTLS | None = None,
+) -> None:
+    """Blocking :func:`serve` that stops gracefully on SIGINT or SIGTERM."""
+    import signal
+
+    require_harness(harness, "run_server")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(harness, address, grace=grace, on_ready=on_ready, tls=tls)
+
+    asyncio.run(main())
+
+
+def _bound_address(address: str, port: int) -> str:
+    if address.startswith("unix:"):
+        return address
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"
