@@ -1,4 +1,5 @@
-"""``ModelCall.params`` reach the provider as typed request fields; bad ones fail before sending."""
+"""``ModelCall.params`` reach the provider as typed request fields (the SDK's chat converter, one rule for
+every provider and adapter); bad ones fail before sending."""
 
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ async def test_a_plain_stop_string_stays_a_string(endpoint: ScriptedEndpoint) ->
         ({"logprobs": "yes"}, "params.logprobs: 'yes' is not true or false"),
         ({"response_format": "[1]"}, "params.response_format: '[1]' is not a JSON object"),
         ({"stop": "[1, 2]"}, "params.stop: '[1, 2]' is neither a string nor a JSON list of strings"),
-        ({"stream": "false"}, "params.stream: set by the host, not a parameter"),
-        ({"messages": "[]"}, "params.messages: set by the host, not a parameter"),
+        ({"stream": "false"}, "params.stream: stream is part of the request itself, not a param"),
+        ({"messages": "[]"}, "params.messages: messages is part of the request itself, not a param"),
     ],
 )
 async def test_a_bad_param_fails_the_call_before_anything_is_sent(

@@ -19,6 +19,7 @@ value is the field's JSON text (``{"temperature": "0.2", "max_tokens": "256"}``)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,17 +176,69 @@ def chat_tool_choice(choice: ToolChoice) -> JSON | str | None:
 
 
 def chat_params(params: Mapping[str, str]) -> JSON:
-    """``ModelCall.params`` as request body fields: each value's JSON text decoded (a value that
-    is not JSON is sent as the string it is). Fields the request already sets are refused."""
-    out: JSON = {}
-    for key, value in params.items():
-        if key in REQUEST_FIELDS:
-            raise ConversionError(f"params.{key}: {key} is part of the request itself, not a param")
+    """``ModelCall.params`` as request body fields, in key order (deterministic request bodies).
+
+    Known parameters get their type: ``temperature``, ``top_p``, ``presence_penalty`` and
+    ``frequency_penalty`` finite numbers; ``max_tokens``, ``max_completion_tokens``, ``seed``, ``n``
+    and ``top_logprobs`` integers; ``logprobs``, ``parallel_tool_calls`` and ``store`` booleans
+    (``true``/``false``); ``response_format``, ``logit_bias`` and ``metadata`` JSON objects; ``stop``
+    a string or a JSON list of strings. Any other value is sent as the JSON its text spells, else as
+    the string itself, so provider-specific options pass through. A wrong type, or a field the
+    request sets itself, raises :class:`ConversionError` naming the parameter, before anything is sent.
+    """
+    return {key: _param_value(key, params[key]) for key in sorted(params)}
+
+
+_NUMBER_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
+_INTEGER_PARAMS = frozenset({"max_tokens", "max_completion_tokens", "seed", "n", "top_logprobs"})
+_BOOLEAN_PARAMS = frozenset({"logprobs", "parallel_tool_calls", "store"})
+_OBJECT_PARAMS = frozenset({"response_format", "logit_bias", "metadata"})
+_NOT_JSON: Any = object()
+
+
+def _param_value(key: str, text: str) -> Any:
+    if key in REQUEST_FIELDS:
+        raise ConversionError(f"params.{key}: {key} is part of the request itself, not a param")
+    if key in _NUMBER_PARAMS:
         try:
-            out[key] = json.loads(value)
+            number = float(text)
         except ValueError:
-            out[key] = value
-    return out
+            raise ConversionError(f"params.{key}: {text!r} is not a number") from None
+        if not math.isfinite(number):
+            raise ConversionError(f"params.{key}: {text!r} is not a finite number")
+        return number
+    if key in _INTEGER_PARAMS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConversionError(f"params.{key}: {text!r} is not an integer") from None
+    if key in _BOOLEAN_PARAMS:
+        if text not in ("true", "false"):
+            raise ConversionError(f"params.{key}: {text!r} is not true or false")
+        return text == "true"
+    decoded = _param_json(text)
+    if key in _OBJECT_PARAMS:
+        if not isinstance(decoded, dict):
+            raise ConversionError(f"params.{key}: {text!r} is not a JSON object")
+        return decoded
+    if key == "stop":
+        if not text.lstrip().startswith("["):
+            return text
+        if isinstance(decoded, list) and all(isinstance(item, str) for item in decoded):
+            return decoded
+        raise ConversionError(f"params.stop: {text!r} is neither a string nor a JSON list of strings")
+    return text if decoded is _NOT_JSON else decoded
+
+
+def _no_json_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity are not valid request values
+
+
+def _param_json(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_json_constants)
+    except ValueError:
+        return _NOT_JSON
 
 
 # -- requests: chat -> native ---------------------------------------------------------------------

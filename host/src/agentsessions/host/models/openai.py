@@ -6,7 +6,7 @@ harness adapter uses too), whose docstring states the rules: outbound, text part
 concatenated, reasoning parts are dropped, file or data parts are refused; inbound,
 ``reasoning_content`` becomes a ``ReasoningPart{provider: "openai"}``, tool calls become ToolCall
 parts and usage is returned (the host journals it as USAGE). ``ModelCall.params`` are sent as typed
-request fields (``models.params``); requests are retried on 429, 5xx and connection errors within
+request fields (``chat.chat_params``); requests are retried on 429, 5xx and connection errors within
 timeouts (``models.transport``).
 
 The API key comes only from the environment (``MODEL_API_KEY``, else ``OPENAI_API_KEY``), never
@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 
-from agentsessions.host.models.params import request_params
 from agentsessions.host.models.provider import DeltaCallback, ModelError
 from agentsessions.host.models.transport import ChatTransport, RetryPolicy, Timeouts
 from agentsessions.sdk import chat, convert
@@ -98,7 +97,10 @@ class OpenAIModel:
         model = self.model if call.model in _DEFAULT_MODEL_ALIASES else call.model
         stream = self._stream and on_delta is not None
         body = build_request(call, model, stream=stream)
-        body.update(request_params(call.params))
+        try:
+            body.update(chat.chat_params(call.params))
+        except ConversionError as exc:
+            raise ModelError(str(exc)) from None
         try:
             async with asyncio.timeout(self._timeout):
                 return await self._post(model, body, on_delta if stream else None)
