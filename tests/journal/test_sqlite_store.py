@@ -162,20 +162,15 @@ async def test_concurrent_first_opens_initialize_once(tmp_path: Path) -> None:
 # -- durability settings ----------------------------------------------------------------------
 
 
-async def _writer_pragma(store: SqliteStore, name: str) -> int:
-    # The writer connection is the one whose commits must be durable.
-    rows = list(await store._w.execute_fetchall(f"PRAGMA {name}"))
-    return int(rows[0][0])
-
-
 async def test_synchronous_is_full_by_default_and_configurable(tmp_path: Path) -> None:
+    # Read on the writer connection: its commits are the ones that must be durable.
     full = await SqliteStore.open(tmp_path / "a.db")
     normal = await SqliteStore.open(tmp_path / "b.db", synchronous="normal", busy_timeout_ms=1234)
     try:
-        assert await _writer_pragma(full, "synchronous") == 2
-        assert await _writer_pragma(full, "busy_timeout") == 5000
-        assert await _writer_pragma(normal, "synchronous") == 1
-        assert await _writer_pragma(normal, "busy_timeout") == 1234
+        assert await full.pragma("synchronous") == 2
+        assert await full.pragma("busy_timeout") == 5000
+        assert await normal.pragma("synchronous") == 1
+        assert await normal.pragma("busy_timeout") == 1234
     finally:
         await full.close()
         await normal.close()
@@ -201,18 +196,18 @@ async def test_a_failed_commit_fails_every_append_of_the_batch(
 ) -> None:
     for uid in ("a", "b", "c"):
         await store.create_session(SessionRow(uid=uid, project="p"))
-    real = sqlite_store._heads
+    real = sqlite_store._Transaction.append_rows
     calls = 0
 
-    # The batch's statements run on the connection's thread; the first one of the batch fails.
-    def failing_once(db: sqlite3.Connection, uids: Any) -> Any:
+    # The batch's statements run on the writer's thread; its rows are written, then it fails.
+    async def failing_once(tx: Any, *args: Any) -> None:
         nonlocal calls
         calls += 1
+        await real(tx, *args)
         if calls == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return real(db, uids)
 
-    monkeypatch.setattr(sqlite_store, "_heads", failing_once)
+    monkeypatch.setattr(sqlite_store._Transaction, "append_rows", failing_once)
     outcomes = await asyncio.gather(
         *(store.append(u, [inp("x")], expected_head=0, fence=0) for u in ("a", "b", "c")),
         return_exceptions=True,

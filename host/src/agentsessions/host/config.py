@@ -17,6 +17,7 @@ from typing import Literal, cast
 
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
@@ -39,14 +40,12 @@ RESERVED_HARNESS_NAMES = frozenset({"echo", "chat", "counter"})
 # Provider key variables, first match wins.
 MODEL_API_KEY_VARIABLES = ("MODEL_API_KEY", "OPENAI_API_KEY")
 
-JournalKind = Literal["memory", "sqlite", "postgres"]
 LogFormat = Literal["text", "json"]
 OtelExporter = Literal["none", "console", "otlp"]
 
 # module:attribute, both dotted Python identifiers (what agentsessions-harness serve loads).
 _HARNESS_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*")
 
 
@@ -448,17 +447,11 @@ def check_approval_policy(path: str) -> None:
 
 
 def journal_kind(location: str) -> JournalKind:
-    if location == "memory:":
-        return "memory"
-    if location.startswith(("postgres://", "postgresql://")):
-        return "postgres"
-    if not location:
-        raise ConfigError("--journal must not be empty")
-    if _URL_SCHEME.match(location):
-        raise ConfigError(
-            f"--journal {location!r}: expected a SQLite file path, 'memory:' or a postgres:// URL"
-        )
-    return "sqlite"
+    """Which store ``--journal`` names; the journal's own parser decides (one reading everywhere)."""
+    try:
+        return parse_location(location).kind
+    except JournalLocationError as exc:
+        raise ConfigError(f"--journal: {exc}") from None
 
 
 def parse_harness_entry(entry: str) -> tuple[str, str]:
