@@ -12,7 +12,14 @@ from typing import Any
 import aiosqlite
 import pytest
 
-from agentsessions.host.journal import SchemaError, SessionRow, StoreError, open_store
+from agentsessions.host.journal import (
+    ConflictError,
+    FencedError,
+    SchemaError,
+    SessionRow,
+    StoreError,
+    open_store,
+)
 from agentsessions.host.journal import sqlite as sqlite_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
@@ -298,3 +305,76 @@ async def test_a_process_that_never_closes_its_store_still_exits(tmp_path: Path)
         await proc.wait()
         pytest.fail("the process hung after its event loop finished")
     assert code == 3
+
+
+# -- the writer's head cache ------------------------------------------------------------------
+
+
+async def test_appends_to_a_session_this_writer_owns_read_no_heads(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    fence = await store.new_fence("s", expected_head=0)
+    before = store.stats.head_reads
+    for head in range(5):
+        await store.append("s", [inp(str(head))], expected_head=head, fence=fence)
+    records = await store.append("s", [inp("next")], expected_head=5, fence=0, mint_fence=True)
+    assert store.stats.head_reads == before
+    assert records[0].fence == fence + 1
+    assert await store.verify("s") == 6
+
+
+async def test_another_store_on_the_file_is_noticed(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    first = await SqliteStore.open(path)
+    second = await SqliteStore.open(path)
+    try:
+        await first.create_session(SessionRow(uid="s", project="p"))
+        (one,) = await first.append("s", [inp("by first")], expected_head=0, fence=0)
+        (two,) = await second.append("s", [inp("by second")], expected_head=1, fence=0)
+        reads = first.stats.head_reads
+        # The first writer's memory says head 1; the file says 2, and the file wins.
+        with pytest.raises(ConflictError) as caught:
+            await first.append("s", [inp("stale")], expected_head=1, fence=0)
+        assert str(caught.value) == "expected_last_seq 1 does not match head 2 of session s"
+        assert first.stats.head_reads == reads + 1
+        (three,) = await first.append("s", [inp("current")], expected_head=2, fence=0)
+        assert (three.seq, three.prev_hash) == (3, two.content_hash)
+        assert two.prev_hash == one.content_hash
+        assert await second.new_fence("s") == 1
+        with pytest.raises(FencedError):
+            await first.append("s", [inp("old fence")], expected_head=3, fence=0)
+        assert await first.verify("s") == 3
+    finally:
+        await first.close()
+        await second.close()
+
+
+OTHER_HOST = """
+import asyncio, sys
+from agentsessions.host.journal import open_store
+from agentsessions.v1 import common_pb2
+
+async def main() -> None:
+    store = await open_store(sys.argv[1])
+    event = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
+    event.message.parts.add().text.text = "from another process"
+    fence = await store.new_fence("s")
+    await store.append("s", [event], expected_head=int(sys.argv[2]), fence=fence)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_another_process_on_the_file_is_noticed(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    fence = await store.new_fence("s")
+    await store.append("s", [inp("mine")], expected_head=0, fence=fence)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_HOST, store.path, "1")
+    assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+    # The other process minted fence 2 and wrote seq 2: this writer's fence is superseded.
+    with pytest.raises(FencedError) as caught:
+        await store.append("s", [inp("mine again")], expected_head=2, fence=fence)
+    assert str(caught.value) == "fence 1 is superseded by fence 2 of session s"
+    records = await store.read("s")
+    assert [r.event.message.parts[0].text.text for r in records] == ["mine", "from another process"]
+    assert await store.verify("s") == 2

@@ -55,6 +55,10 @@ class Transaction(Protocol):
         """Insert new session rows (the caller checked ``taken`` first)."""
         ...
 
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        """Insert one session row unless its uid is taken (then write nothing and return False)."""
+        ...
+
     async def taken(self, uids: Sequence[str]) -> set[str]:
         """Which of ``uids`` have a row, deleted or not (a uid is never reused)."""
         ...

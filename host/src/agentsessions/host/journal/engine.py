@@ -52,6 +52,8 @@ class WriterStats:
     appends: int = 0
     events: int = 0
     failed_commits: int = 0
+    # Sessions whose head was read from the database (not known from the head cache).
+    head_reads: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -68,11 +70,12 @@ class HeadView:
 
     A write program that changes a session's row calls ``forget`` (or ``set`` with the new head)."""
 
-    __slots__ = ("cache", "changed")
+    __slots__ = ("cache", "changed", "reads")
 
     def __init__(self, cache: dict[str, SessionHead]) -> None:
         self.cache = cache
         self.changed: dict[str, SessionHead | None] = {}
+        self.reads = 0  # heads this transaction read from the database
 
     def get(self, uid: str) -> SessionHead | None:
         if uid in self.changed:
@@ -131,8 +134,8 @@ class DialectStore:
         write: _Write[_T] = _Write(request, program, asyncio.get_running_loop().create_future())
         if self._queue is None:
             await self._commit([write])
-        else:
-            self._queue.submit(write)
+            return write.future.result()  # settled: the dialect applied it at once
+        self._queue.submit(write)
         return await write.future
 
     async def _commit(self, batch: list[_Write[Any]]) -> None:
@@ -162,6 +165,7 @@ class DialectStore:
             return
         self._remember(view, foreign)
         self.stats.commits += 1
+        self.stats.head_reads += view.reads
         for write, outcome in zip(batch, outcomes, strict=True):
             if isinstance(write.request, AppendRequest) and not isinstance(outcome, StoreError):
                 self.stats.appends += 1
@@ -185,6 +189,8 @@ class DialectStore:
         """The batch, in order, inside the dialect's transaction (on the SQLite writer's thread)."""
         foreign = await tx.foreign_writes()
         view = HeadView({} if foreign else cache)
+        if len(batch) == 1 and batch[0].request is not None:  # the common batch: one append
+            return await _apply_run(tx, [batch[0].request], view), view, foreign
         outcomes: list[_Outcome] = []
         i = 0
         while i < len(batch):
@@ -209,9 +215,8 @@ class DialectStore:
     async def create_session(self, row: SessionRow) -> SessionRow:
         async def program(tx: Transaction, view: HeadView) -> SessionRow:
             new = rules.plan_new_session(row, time.time_ns())
-            if await tx.taken([row.uid]):
+            if not await tx.insert_session_if_new(new):
                 raise rules.session_exists(row.uid)
-            await tx.insert_sessions([new])
             view.set(_head_of(new))
             return new.row
 
@@ -388,6 +393,7 @@ async def _apply_run(
         else:
             heads[uid] = head
     if missing:
+        view.reads += len(missing)
         for uid, head in (await tx.heads(list(missing))).items():
             heads[uid] = head
             view.set(head)
@@ -399,7 +405,7 @@ async def _apply_run(
         await tx.append_rows(plan.rows, list(plan.moved.values()), now)
     for head in plan.moved.values():
         view.set(head)
-    return list(plan.outcomes)
+    return plan.outcomes
 
 
 def _head_of(new: rules.NewSession) -> SessionHead:

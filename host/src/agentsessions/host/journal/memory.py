@@ -133,6 +133,12 @@ class _MemoryTransaction:
                 last_hash=new.last_hash,
             )
 
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        if session.row.uid in self._m.sessions:
+            return False
+        await self.insert_sessions([session])
+        return True
+
     async def taken(self, uids: Sequence[str]) -> set[str]:
         return {uid for uid in uids if uid in self._m.sessions}
 
@@ -174,10 +180,11 @@ class _MemoryDialect:
 
     def __init__(self) -> None:
         self.memory = _Memory()
+        self._tx = _MemoryTransaction(self.memory)
 
     async def transaction(self, body: Callable[[_MemoryTransaction], Awaitable[_T]]) -> _T:
         # The body awaits only the statements above, which never suspend: nothing interleaves.
-        return await body(_MemoryTransaction(self.memory))
+        return await body(self._tx)
 
     def batch_failure(self, exc: Exception) -> BatchFailure:
         return BatchFailure(StoreError, f"journal write failed: {exc!r}")

@@ -297,6 +297,13 @@ class _Transaction:
         columns = list(zip(*(_row_params(s) for s in sessions), strict=True))
         await self._conn.execute(_INSERT_SESSIONS, *(list(c) for c in columns))
 
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        inserted = await self._conn.fetchval(
+            _INSERT_SESSIONS + " ON CONFLICT (uid) DO NOTHING RETURNING uid",
+            *([c] for c in _row_params(session)),
+        )
+        return inserted is not None
+
     async def taken(self, uids: Sequence[str]) -> set[str]:
         recs = await self._conn.fetch("SELECT uid FROM sessions WHERE uid = ANY($1::text[])", list(uids))
         return {str(r["uid"]) for r in recs}

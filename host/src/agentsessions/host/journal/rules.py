@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
@@ -186,17 +186,16 @@ def project_compute_state(current: str, event: common_pb2.Event) -> str:
 # -- append and fence mint ----------------------------------------------------------------------
 
 
-@dataclass
-class RunPlan:
+class RunPlan(NamedTuple):
     """What one run of appends and fence mints (applied in order, in one transaction) does."""
 
     # Per request, in order: Appended for an append, the fence for a mint, or the refusal.
-    outcomes: list[Appended | int | StoreError] = field(default_factory=list)
-    rows: list[StoredRecord] = field(default_factory=list)
+    outcomes: list[Appended | int | StoreError]
+    rows: list[StoredRecord]
     # Sessions with no row that a mint creates (the reference's NewFence creates the row).
-    created: list[NewSession] = field(default_factory=list)
+    created: list[NewSession]
     # The final head of every session whose row changed (chained records or a new fence).
-    moved: dict[str, SessionHead] = field(default_factory=dict)
+    moved: dict[str, SessionHead]
 
 
 def plan_run(
@@ -206,34 +205,39 @@ def plan_run(
 
     ``heads`` holds every requested session's head as read under the write lock. A refused
     request changes nothing; the others still apply."""
-    plan = RunPlan()
+    outcomes: list[Appended | int | StoreError] = []
+    rows: list[StoredRecord] = []
+    moved: dict[str, SessionHead] = {}
     current = dict(heads)
     created: set[str] = set()
+    add_row = rows.append
     for req in requests:
-        head = current[req.uid]
-        if isinstance(req, MintRequest):
+        uid = req.uid
+        head = current[uid]
+        if type(req) is MintRequest:
             if req.expected_head is not None and req.expected_head != head.seq:
-                plan.outcomes.append(head_conflict(req.uid, req.expected_head, head.seq))
+                outcomes.append(head_conflict(uid, req.expected_head, head.seq))
                 continue
             if not head.exists:
-                created.add(req.uid)
+                created.add(uid)
             head = SessionHead(
-                req.uid, True, head.deleted, head.fence + 1, head.compute_state, head.seq, head.hash
+                uid, True, head.deleted, head.fence + 1, head.compute_state, head.seq, head.hash
             )
-            current[req.uid] = plan.moved[req.uid] = head
-            plan.outcomes.append(head.fence)
+            current[uid] = moved[uid] = head
+            outcomes.append(head.fence)
             continue
+        assert type(req) is AppendRequest
         if not head.exists or head.deleted:
-            plan.outcomes.append(not_found(req.uid))
+            outcomes.append(not_found(uid))
             continue
         if req.expected_head != head.seq:
-            plan.outcomes.append(head_conflict(req.uid, req.expected_head, head.seq))
+            outcomes.append(head_conflict(uid, req.expected_head, head.seq))
             continue
         fence = req.fence
         if req.mint:
             fence = head.fence + 1
         elif fence < head.fence:
-            plan.outcomes.append(_fenced(req.uid, fence, head.fence))
+            outcomes.append(_fenced(uid, fence, head.fence))
             continue
         seq, prev, state = head.seq, head.hash, head.compute_state
         chain: list[tuple[int, str, str]] = []
@@ -241,20 +245,20 @@ def plan_run(
         for ev, blob, canonical in zip(prepared.events, prepared.blobs, prepared.canonical, strict=True):
             seq += 1
             digest = chain_hash(canonical, prev, seq)
-            plan.rows.append(StoredRecord(req.uid, seq, prev, digest, fence, blob))
+            add_row(StoredRecord(uid, seq, prev, digest, fence, blob))
             chain.append((seq, prev, digest))
             state = project_compute_state(state, ev)
             prev = digest
         # Only a mint moves the session's fence: a greater fence is accepted, not recorded.
         if chain or req.mint:
-            head = SessionHead(req.uid, True, False, fence if req.mint else head.fence, state, seq, prev)
-            current[req.uid] = plan.moved[req.uid] = head
-        plan.outcomes.append(Appended(fence, tuple(chain)))
-    for uid in sorted(created):
-        plan.created.append(
-            NewSession(SessionRow(uid=uid, project="", create_time_ns=now_ns, update_time_ns=now_ns))
-        )
-    return plan
+            head = SessionHead(uid, True, False, fence if req.mint else head.fence, state, seq, prev)
+            current[uid] = moved[uid] = head
+        outcomes.append(Appended(fence, tuple(chain)))
+    new = [
+        NewSession(SessionRow(uid=uid, project="", create_time_ns=now_ns, update_time_ns=now_ns))
+        for uid in sorted(created)
+    ]
+    return RunPlan(outcomes, rows, new, moved)
 
 
 def appended_records(prepared: PreparedEvents, appended: Appended) -> list[common_pb2.LogRecord]:

@@ -6,8 +6,11 @@ reader), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN
 transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
 batch of appends, across sessions, durable, and the event loop hands off once per batch.
 
-The write lock makes several stores (or processes) on one file single-writer safe: heads are
-read inside each transaction, under the lock.
+The write lock makes several stores (or processes) on one file single-writer safe. The writer
+keeps the heads it wrote or read in the engine's head cache, so an append to a session it owns
+reads nothing before writing; SQLite's ``PRAGMA data_version``, read at the start of each
+transaction, says whether any other connection committed since the writer's previous one, and
+only then are heads read from the file again (under the lock).
 
 The ``events`` table keeps the reference layout (spec 3.5) so external verifiers can read it.
 """
@@ -295,7 +298,11 @@ class _Transaction:
         self._db = db
 
     async def foreign_writes(self) -> bool:
-        return True  # heads are read in every transaction
+        # data_version moves only when another connection commits: this writer's cache holds.
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        changed = version != self._dialect.data_version
+        self._dialect.data_version = version
+        return changed
 
     async def heads(self, uids: Sequence[str]) -> dict[str, SessionHead]:
         out: dict[str, SessionHead] = {}
@@ -318,6 +325,12 @@ class _Transaction:
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
         self._db.executemany(_INSERT_ROW, [_row_params(s) for s in sessions])
+
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        return (
+            self._db.execute(_INSERT_ROW + " ON CONFLICT (session) DO NOTHING", _row_params(session)).rowcount
+            == 1
+        )
 
     async def taken(self, uids: Sequence[str]) -> set[str]:
         found: set[str] = set()
@@ -467,6 +480,8 @@ class _SqliteDialect:
         self.writer = writer
         self._reader = reader
         self._scanner = scanner
+        # PRAGMA data_version in the writer's last transaction (None: before the first).
+        self.data_version: int | None = None
 
     async def transaction(self, body: Callable[[_Transaction], Awaitable[_T]]) -> _T:
         result: _T = await self.writer.run(_transact, self, body)
