@@ -12,7 +12,11 @@ reads nothing before writing; SQLite's ``PRAGMA data_version``, read at the star
 transaction, says whether any other connection committed since the writer's previous one, and
 only then are heads read from the file again (under the lock).
 
-The ``events`` table keeps the reference layout (spec 3.5) so external verifiers can read it.
+A fork child does not copy its parent's prefix: its records 1..fork_seq are read through the
+parent (spec 3.1 still holds for what ``read`` returns: identical records, identical hashes), and
+purging a session first copies into its children the rows they share with it. The ``events``
+table keeps the reference layout (spec 3.5); ``agentsessions journal export`` writes every session
+fully materialized, so external verifiers read an exported journal session by session.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore", "WriterStats"]
 
 # Stamped in the database header so a foreign SQLite file is told apart from a journal.
 APPLICATION_ID: Final = 0x4153_4A4C  # "ASJL"
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 _WAL_ATTEMPTS: Final = 50
 # Bounded IN lists keep the statement cache small and stay far below SQLite's variable limit.
 _IN_CHUNK: Final = 64
+# Fork bases a read follows at most (a base chain is as deep as forks of forks go).
+_MAX_BASE_DEPTH: Final = 10_000
 
 # Append-only: schema version N is reached by applying _MIGRATIONS[N - 1] to version N - 1.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -112,6 +118,39 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
                 ''
             )
         """,
+    ),
+    # 3: fork children share their parent's prefix instead of copying it. A session's records
+    # 1..base_seq are those of base_uid (resolved recursively); the events table holds only its
+    # own records, seq > base_seq. Children forked by version 2 held full copies: each copy that
+    # is identical to its parent's records is dropped and the child pointed at the parent (a
+    # copy that differs, or whose parent's records are gone, is kept and stays the child's own).
+    (
+        "ALTER TABLE sessions ADD COLUMN base_uid TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE sessions ADD COLUMN base_seq INTEGER NOT NULL DEFAULT 0",
+        """
+        CREATE TEMP TABLE shared_prefixes AS
+        SELECT c.session AS uid, c.parent_uid AS parent, c.fork_seq AS upto
+        FROM sessions AS c JOIN sessions AS p ON p.session = c.parent_uid
+        WHERE c.fork_seq > 0
+          AND (SELECT count(*) FROM events AS ce
+               JOIN events AS pe ON pe.session = c.parent_uid AND pe.seq = ce.seq
+                   AND pe.prev_hash = ce.prev_hash AND pe.hash = ce.hash AND pe.fence = ce.fence
+                   AND pe.event = ce.event
+               WHERE ce.session = c.session AND ce.seq <= c.fork_seq) = c.fork_seq
+        """,
+        """
+        UPDATE sessions SET
+            base_uid = (SELECT parent FROM shared_prefixes WHERE uid = sessions.session),
+            base_seq = (SELECT upto FROM shared_prefixes WHERE uid = sessions.session)
+        WHERE session IN (SELECT uid FROM shared_prefixes)
+        """,
+        """
+        DELETE FROM events WHERE EXISTS (
+            SELECT 1 FROM shared_prefixes AS s WHERE s.uid = events.session AND events.seq <= s.upto
+        )
+        """,
+        "DROP TABLE temp.shared_prefixes",
+        "CREATE INDEX sessions_base ON sessions(base_uid) WHERE base_uid <> ''",
     ),
 )
 
@@ -287,6 +326,50 @@ def run_without_suspending(coro: Coroutine[Any, Any, _T]) -> _T:
     raise RuntimeError("a SQLite write transaction awaited something that suspends")
 
 
+# -- a session's records, shared along its fork bases -------------------------------------------
+
+
+def _base(db: sqlite3.Connection, uid: str) -> tuple[str, int]:
+    rec = db.execute("SELECT base_uid, base_seq FROM sessions WHERE session = ?", (uid,)).fetchone()
+    return ("", 0) if rec is None or not rec[0] else (str(rec[0]), int(rec[1]))
+
+
+def _segments(db: sqlite3.Connection, uid: str) -> list[tuple[str, int, int | None]]:
+    """Where a session's records are stored, newest first: (owner, lo, hi) says the owner's rows
+    with lo < seq <= hi (hi None: unbounded, so rows stored beyond the head are still seen)."""
+    segments: list[tuple[str, int, int | None]] = []
+    owner, hi = uid, None
+    base_uid, base_seq = _base(db, owner)
+    lo = base_seq
+    segments.append((owner, lo, hi))
+    while base_uid and lo > 0 and len(segments) < _MAX_BASE_DEPTH:
+        owner, hi = base_uid, lo
+        base_uid, base_seq = _base(db, owner)
+        lo = min(base_seq, hi)
+        segments.append((owner, lo, hi))
+    return segments
+
+
+_OWN_ROWS: Final = (
+    "SELECT seq, prev_hash, hash, fence, event FROM events "
+    "WHERE session = ? AND seq > ? AND seq <= ? ORDER BY seq"
+)
+_UNBOUNDED: Final = 1 << 62
+
+
+def _resolved(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> list[Any]:
+    """(seq, prev_hash, hash, fence, event) of the session's records from_seq..to_seq (to_seq 0:
+    no bound), wherever along its bases they are stored, in seq order."""
+    top = to_seq if to_seq > 0 else _UNBOUNDED
+    rows: list[Any] = []
+    for owner, lo, hi in reversed(_segments(db, uid)):
+        low = max(lo, from_seq - 1)
+        high = top if hi is None else min(hi, top)
+        if low < high:
+            rows.extend(db.execute(_OWN_ROWS, (owner, low, high)))
+    return rows
+
+
 # -- the writer's transaction ------------------------------------------------------------------
 
 
@@ -353,23 +436,27 @@ class _Transaction:
 
     async def purge(self, uid: str) -> None:
         db = self._db
-        db.execute("UPDATE sessions SET last_seq = 0, last_hash = '' WHERE session = ?", (uid,))
+        _unshare(db, uid)
+        db.execute(
+            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 WHERE session = ?",
+            (uid,),
+        )
         db.execute("DELETE FROM events WHERE session = ?", (uid,))
         db.execute("DELETE FROM tool_receipts WHERE session = ?", (uid,))
 
     async def record_at(self, uid: str, seq: int) -> tuple[int, str] | None:
-        rec = self._db.execute(
-            "SELECT seq, hash FROM events WHERE session = ? AND seq = ?", (uid, seq)
-        ).fetchone()
-        return None if rec is None else (int(rec[0]), str(rec[1]))
+        rows = _resolved(self._db, uid, seq, seq)
+        return (int(rows[0][0]), str(rows[0][2])) if rows else None
 
     async def share_prefix(self, children: Sequence[str], parent_uid: str, at_seq: int) -> None:
-        for uid in children:
-            self._db.execute(
-                "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
-                "SELECT ?, seq, prev_hash, hash, fence, event FROM events WHERE session = ? AND seq <= ?",
-                (uid, parent_uid, at_seq),
-            )
+        # A prefix that lies wholly in the parent's own base is taken from there, keeping base
+        # chains short.
+        base_uid, base_seq = _base(self._db, parent_uid)
+        owner = "" if at_seq == 0 else base_uid if base_uid and at_seq <= base_seq else parent_uid
+        self._db.executemany(
+            "UPDATE sessions SET base_uid = ?, base_seq = ? WHERE session = ?",
+            [(owner, at_seq if owner else 0, uid) for uid in children],
+        )
 
     async def put_harness(self, name: str, registration: bytes, now_ns: int) -> None:
         self._db.execute(
@@ -384,6 +471,25 @@ class _Transaction:
             "INSERT INTO tool_receipts (session, idempotency_key, result, created_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (session, idempotency_key) DO NOTHING",
             (uid, idempotency_key, result, now_ns),
+        )
+
+
+def _unshare(db: sqlite3.Connection, uid: str) -> None:
+    """Before ``uid``'s own rows are dropped, copy the part each session based on it shares into
+    that session, and rebase it onto ``uid``'s own base."""
+    own_base, own_from = _base(db, uid)
+    dependents = db.execute("SELECT session, base_seq FROM sessions WHERE base_uid = ?", (uid,)).fetchall()
+    for dependent, upto in dependents:
+        db.execute(
+            "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
+            "SELECT ?, seq, prev_hash, hash, fence, event FROM events "
+            "WHERE session = ? AND seq > ? AND seq <= ?",
+            (dependent, uid, own_from, upto),
+        )
+        rebased = min(int(upto), own_from)
+        db.execute(
+            "UPDATE sessions SET base_uid = ?, base_seq = ? WHERE session = ?",
+            (own_base if rebased > 0 else "", rebased if own_base else 0, dependent),
         )
 
 
@@ -430,19 +536,12 @@ def _list_rows(
 
 
 def _read(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
-    if to_seq > 0:
-        recs = db.execute(
-            "SELECT seq, prev_hash, hash, fence, event FROM events "
-            "WHERE session = ? AND seq >= ? AND seq <= ? ORDER BY seq",
-            (uid, from_seq, to_seq),
-        ).fetchall()
-    else:
-        recs = db.execute(
-            "SELECT seq, prev_hash, hash, fence, event FROM events "
-            "WHERE session = ? AND seq >= ? ORDER BY seq",
-            (uid, from_seq),
-        ).fetchall()
-    return [_log_record(r) for r in recs]
+    # One read transaction: a purge moving shared rows meanwhile cannot tear the result.
+    db.execute("BEGIN")
+    try:
+        return [_log_record(r) for r in _resolved(db, uid, from_seq, to_seq)]
+    finally:
+        db.execute("COMMIT")
 
 
 def _anchor(db: sqlite3.Connection, uid: str) -> tuple[int, str] | None:
@@ -455,10 +554,11 @@ def _verify_scan(db: sqlite3.Connection, uid: str, check: ChainCheck) -> tuple[i
     db.execute("BEGIN")
     try:
         anchor = _anchor(db, uid)
-        for seq, prev_hash, digest, blob in db.execute(
-            "SELECT seq, prev_hash, hash, event FROM events WHERE session = ? ORDER BY seq", (uid,)
-        ):
-            check.feed(seq, prev_hash, digest, blob)
+        for owner, lo, hi in reversed(_segments(db, uid)):
+            for seq, prev_hash, digest, _fence, blob in db.execute(
+                _OWN_ROWS, (owner, lo, _UNBOUNDED if hi is None else hi)
+            ):
+                check.feed(seq, prev_hash, digest, blob)
     finally:
         db.execute("COMMIT")
     return anchor
