@@ -143,10 +143,11 @@ class DialectStore:
             outcomes, view, foreign = await self._dialect.transaction(
                 lambda tx: self._apply(tx, batch, self._heads)
             )
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
+            # Nobody may hang on a write whose outcome the writer will never learn.
             self._heads.clear()
             for write in batch:
-                _settle(write.future, StoreError("journal write abandoned: the writer was cancelled"))
+                _settle(write.future, StoreError(f"journal write abandoned: {exc!r}"))
             raise
         except Exception as exc:
             # Whatever the transaction did is undone, or its outcome is unknown: read heads afresh.

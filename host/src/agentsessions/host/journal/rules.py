@@ -1,9 +1,10 @@
 """The journal's rules as pure functions: what every store checks and computes, spelled once.
 
-Nothing here does I/O or keeps state between calls. A store's dialect fetches what a rule needs
-(sessions' heads under its write lock, the record a fork continues from, stored records) and
-writes what the rule planned. Every refusal's type and message is made here, so every store
-refuses the same operation the same way (tests/journal/test_store_conformance.py holds them to it):
+Nothing here does I/O (the only state is a ChainCheck's place in the chain it checks). A
+store's dialect fetches what a rule needs (sessions' heads under its write lock, the record a
+fork continues from, stored records) and writes what the rule planned. Every refusal's type and
+message is made here, so every store refuses the same operation the same way
+(tests/journal/test_store_conformance.py holds them to it):
 
 * append: compare-and-swap on the expected head, the fence check (or mint), prev-hash chaining
   (the hash formula itself is ``canon.chain_hash``) and the compute_state projection;

@@ -245,17 +245,16 @@ class _Connection:
     The thread is a daemon: a process that ends without closing its store stops it mid-write,
     which SQLite survives as it survives kill -9 (the transaction is rolled back on next open)."""
 
-    def __init__(self, jobs: queue.SimpleQueue[_Job | None], role: str) -> None:
+    def __init__(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
         self._jobs = jobs
         self.db: sqlite3.Connection | None = None
-        self._role = role
 
     @classmethod
     async def open(cls, path: str, busy_timeout_ms: int, role: str) -> _Connection:
         jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         name = f"agentsessions-sqlite-{role}"
         threading.Thread(target=_serve, args=(jobs,), name=name, daemon=True).start()
-        connection = cls(jobs, role)
+        connection = cls(jobs)
         try:
             connection.db = await connection._call(_connect, path, busy_timeout_ms)
         except sqlite3.Error as exc:
