@@ -21,6 +21,7 @@ from agentsessions.host.journal import JournalStore, open_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.postgres import PostgresStore
 from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.v1 import common_pb2
 from tests.journal.pg import pg_server, pg_url
 
 __all__ = ["pg_server", "pg_url"]
@@ -50,8 +51,12 @@ class Backend:
     corrupt: Corrupter
     # Separate opens of the target see the same data, which survives close and reopen.
     shared: bool
-    # Delete a session's newest stored record (None: the backend cannot be damaged that way).
-    drop_newest: Callable[[JournalStore, str], Awaitable[None]] | None = None
+    # Delete a session's newest stored record.
+    drop_newest: Callable[[JournalStore, str], Awaitable[None]]
+    # Delete one stored record of a session (by seq).
+    drop: Callable[[JournalStore, str, int], Awaitable[None]]
+    # Store a record for a session without going through the store (beyond its head, say).
+    insert: Callable[[JournalStore, str, common_pb2.LogRecord], Awaitable[None]]
 
 
 async def _drop_newest_memory(store: JournalStore, uid: str) -> None:
@@ -73,6 +78,61 @@ async def _drop_newest_postgres(store: JournalStore, uid: str) -> None:
             "DELETE FROM events WHERE session = $1 "
             "AND seq = (SELECT MAX(seq) FROM events WHERE session = $1)",
             uid,
+        )
+    finally:
+        await conn.close()
+
+
+async def _drop_memory(store: JournalStore, uid: str, seq: int) -> None:
+    cast(MemoryStore, store).drop_record(uid, seq)
+
+
+async def _drop_sqlite(store: JournalStore, uid: str, seq: int) -> None:
+    async with aiosqlite.connect(cast(SqliteStore, store).path, isolation_level=None) as db:
+        cursor = await db.execute("DELETE FROM events WHERE session = ? AND seq = ?", (uid, seq))
+        assert cursor.rowcount == 1, f"no stored record {uid}@{seq}"
+
+
+async def _drop_postgres(store: JournalStore, uid: str, seq: int) -> None:
+    conn = await asyncpg.connect(cast(PostgresStore, store).url)
+    try:
+        status = await conn.execute("DELETE FROM events WHERE session = $1 AND seq = $2", uid, seq)
+        assert status == "DELETE 1", f"no stored record {uid}@{seq}"
+    finally:
+        await conn.close()
+
+
+async def _insert_memory(store: JournalStore, uid: str, record: common_pb2.LogRecord) -> None:
+    cast(MemoryStore, store).insert_record(uid, record)
+
+
+async def _insert_sqlite(store: JournalStore, uid: str, record: common_pb2.LogRecord) -> None:
+    async with aiosqlite.connect(cast(SqliteStore, store).path, isolation_level=None) as db:
+        await db.execute(
+            "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                uid,
+                record.seq,
+                record.prev_hash,
+                record.content_hash,
+                record.fence,
+                record.event.SerializeToString(),
+            ),
+        )
+
+
+async def _insert_postgres(store: JournalStore, uid: str, record: common_pb2.LogRecord) -> None:
+    conn = await asyncpg.connect(cast(PostgresStore, store).url)
+    try:
+        await conn.execute(
+            "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            uid,
+            record.seq,
+            record.prev_hash,
+            record.content_hash,
+            record.fence,
+            record.event.SerializeToString(),
         )
     finally:
         await conn.close()
@@ -141,12 +201,16 @@ BACKENDS: dict[str, Backend] = {
         corrupt=_corrupt_memory,
         shared=False,
         drop_newest=_drop_newest_memory,
+        drop=_drop_memory,
+        insert=_insert_memory,
     ),
     "sqlite": Backend(
         target=lambda request, tmp: f"sqlite://{tmp / 'journal.db'}",
         corrupt=_corrupt_sqlite,
         shared=True,
         drop_newest=_drop_newest_sqlite,
+        drop=_drop_sqlite,
+        insert=_insert_sqlite,
     ),
     # A fresh database per test on the run's server (tests/journal/pg.py).
     "postgres": Backend(
@@ -154,6 +218,8 @@ BACKENDS: dict[str, Backend] = {
         corrupt=_corrupt_postgres,
         shared=True,
         drop_newest=_drop_newest_postgres,
+        drop=_drop_postgres,
+        insert=_insert_postgres,
     ),
 }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from agentsessions.host.journal import gojson
+from agentsessions.host.journal import canon, gojson
 from agentsessions.host.journal.postgres import PostgresStore
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import SessionRow
@@ -177,6 +177,17 @@ async def test_export_materializes_every_session_and_verifies(tmp_path: Path) ->
         ).fetchall()
     assert [r[0] for r in rows] == [1, 2, 3, 4]
     assert common_pb2.Event.FromString(rows[3][3]).lifecycle.detail == "parent@3"
+    # What the reference's verifier does (spec 3.5): each session's rows alone, from prev "".
+    with contextlib.closing(sqlite3.connect(f"file:{out}?mode=ro", uri=True)) as ro:
+        for (uid,) in ro.execute("SELECT session FROM sessions ORDER BY session").fetchall():
+            prev, seqs = "", []
+            query = "SELECT seq, prev_hash, hash, event FROM events WHERE session = ? ORDER BY seq"
+            for seq, prev_hash, digest, blob in ro.execute(query, (uid,)):
+                assert prev_hash == prev
+                assert canon.content_hash(common_pb2.Event.FromString(blob), prev, seq) == digest
+                prev = digest
+                seqs.append(seq)
+            assert seqs == list(range(1, len(seqs) + 1)) and seqs, uid
 
 
 async def test_export_refuses_to_overwrite_without_force(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
@@ -12,7 +13,15 @@ from typing import Any
 import aiosqlite
 import pytest
 
-from agentsessions.host.journal import SchemaError, SessionRow, StoreError, open_store
+from agentsessions.host.journal import (
+    ConflictError,
+    FencedError,
+    SchemaError,
+    SessionRow,
+    StoreError,
+    TamperedError,
+    open_store,
+)
 from agentsessions.host.journal import sqlite as sqlite_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
@@ -93,6 +102,7 @@ async def test_a_version_1_journal_is_migrated_and_keeps_verifying(tmp_path: Pat
     written = await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0)
     await store.close()
     # Turn it back into what version 1 wrote: no head anchor in the session row.
+    await downgrade_to_version_2(path)
     await run_sql(
         path,
         "ALTER TABLE sessions DROP COLUMN last_seq",
@@ -106,6 +116,182 @@ async def test_a_version_1_journal_is_migrated_and_keeps_verifying(tmp_path: Pat
         assert await store.verify("s") == 2
         await store.append("s", [inp("c")], expected_head=2, fence=0)
         assert await store.verify("s") == 3
+    finally:
+        await store.close()
+
+
+async def downgrade_to_version_2(path: Path) -> None:
+    """Turn a journal into what schema version 2 wrote: every fork child holds a full copy of its
+    parent's prefix (its records resolved through its bases, stored as its own), no base columns."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        while True:
+            based = db.execute(
+                "SELECT session, base_uid, base_seq FROM sessions WHERE base_uid <> '' ORDER BY session"
+            ).fetchall()
+            if not based:
+                break
+            for uid, base_uid, base_seq in based:
+                # Copy what the base stores of the prefix and take over the base's own base.
+                own_base, own_seq = db.execute(
+                    "SELECT base_uid, base_seq FROM sessions WHERE session = ?", (base_uid,)
+                ).fetchone()
+                db.execute(
+                    "INSERT INTO events SELECT ?, seq, prev_hash, hash, fence, event FROM events "
+                    "WHERE session = ? AND seq > ? AND seq <= ?",
+                    (uid, base_uid, own_seq if own_base else 0, base_seq),
+                )
+                rebased = min(base_seq, own_seq) if own_base else 0
+                db.execute(
+                    "UPDATE sessions SET base_uid = ?, base_seq = ? WHERE session = ?",
+                    (own_base if rebased else "", rebased, uid),
+                )
+        db.execute("DROP INDEX sessions_base")
+        db.execute("ALTER TABLE sessions DROP COLUMN base_uid")
+        db.execute("ALTER TABLE sessions DROP COLUMN base_seq")
+        db.execute("PRAGMA user_version = 2")
+        db.execute("COMMIT")
+
+
+def own_rows(path: Path | str, uid: str) -> list[int]:
+    """The seqs a session stores itself (not through a base)."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [r[0] for r in db.execute("SELECT seq FROM events WHERE session = ? ORDER BY seq", (uid,))]
+
+
+def fork_marker(detail: str) -> common_pb2.Event:
+    return common_pb2.Event(
+        kind=common_pb2.EVENT_LIFECYCLE,
+        lifecycle=common_pb2.Lifecycle(kind=common_pb2.Lifecycle.LIFECYCLE_FORK, detail=detail),
+    )
+
+
+async def test_fork_children_share_the_prefix_instead_of_copying(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="root", project="p"))
+    parent = await store.append("root", [inp(f"r{i}") for i in range(100)], expected_head=0, fence=0)
+    await store.fork(
+        "root", 60, [SessionRow(uid=f"kid{i}", project="p") for i in range(32)], fork_marker("root@60")
+    )
+    # 100 parent rows plus one FORK marker per child: the prefix is not copied.
+    assert (await query(store.path, "SELECT count(*) FROM events"))[0][0] == 100 + 32
+    for child in ("kid0", "kid31"):
+        assert own_rows(store.path, child) == [61]
+        records = await store.read(child)
+        assert records[:60] == parent[:60]
+        assert records[60].prev_hash == parent[59].content_hash
+        assert [r.seq for r in await store.read(child, 59, 61)] == [59, 60, 61]
+        assert await store.verify(child) == 61
+    await store.append("root", [inp("later")], expected_head=100, fence=0)
+    assert len(await store.read("kid0")) == 61
+
+
+async def test_a_tampered_shared_prefix_is_caught_in_every_child(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="root", project="p"))
+    await store.append("root", [inp(f"r{i}") for i in range(6)], expected_head=0, fence=0)
+    await store.fork(
+        "root", 4, [SessionRow(uid="a", project="p"), SessionRow(uid="b", project="p")], fork_marker("root@4")
+    )
+    await run_sql(
+        Path(store.path), "UPDATE events SET hash = 'f' || substr(hash, 2) WHERE session = 'root' AND seq = 2"
+    )
+    for uid in ("root", "a", "b"):
+        with pytest.raises(TamperedError) as caught:
+            await store.verify(uid)
+        assert (caught.value.session, caught.value.seq) == (uid, 2)
+
+
+async def test_forks_of_forks_resolve_and_purges_unshare(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="g", project="p"))
+    await store.append("g", [inp(f"g{i}") for i in range(10)], expected_head=0, fence=0)
+    await store.fork("g", 6, [SessionRow(uid="p1", project="p")], fork_marker("g@6"))
+    await store.append("p1", [inp(f"p{i}") for i in range(5)], expected_head=7, fence=0)
+    await store.fork("p1", 10, [SessionRow(uid="c1", project="p")], fork_marker("p1@10"))
+    await store.fork("p1", 4, [SessionRow(uid="c2", project="p")], fork_marker("p1@4"))
+    # Within the parent's own base the prefix is taken straight from there.
+    assert await query(store.path, "SELECT base_uid, base_seq FROM sessions WHERE session = 'c2'") == [
+        ("g", 4)
+    ]
+    before = {uid: await store.read(uid) for uid in ("p1", "c1", "c2")}
+    assert [r.content_hash for r in before["c1"][:10]] == [r.content_hash for r in before["p1"][:10]]
+    await store.delete_session("p1", purge=True)
+    assert own_rows(store.path, "p1") == []
+    assert own_rows(store.path, "c1") == [7, 8, 9, 10, 11]  # p1's shared rows, now c1's own
+    await store.delete_session("g", purge=True)
+    for uid in ("c1", "c2"):
+        assert await store.read(uid) == before[uid]
+        assert await store.verify(uid) == len(before[uid])
+    assert (await query(store.path, "SELECT count(*) FROM sessions WHERE base_uid <> ''"))[0][0] == 0
+
+
+async def test_a_version_2_journal_is_migrated_to_shared_prefixes(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    store = await SqliteStore.open(path)
+    await store.create_session(SessionRow(uid="g", project="p"))
+    await store.append("g", [inp(f"g{i}") for i in range(8)], expected_head=0, fence=0)
+    await store.fork("g", 5, [SessionRow(uid="mid", project="p")], fork_marker("g@5"))
+    await store.append("mid", [inp(f"m{i}") for i in range(3)], expected_head=6, fence=0)
+    await store.fork("mid", 8, [SessionRow(uid="leaf", project="p")], fork_marker("mid@8"))
+    await store.fork(
+        "g",
+        3,
+        [SessionRow(uid="edited", project="p"), SessionRow(uid="orphan", project="p")],
+        fork_marker("g@3"),
+    )
+    await store.create_session(SessionRow(uid="plain", project="p"))
+    await store.append("plain", [inp("x")], expected_head=0, fence=0)
+    await store.close()
+    await downgrade_to_version_2(path)
+    # What version 2 could hold besides: a child's copy that no longer matches its parent, and
+    # a child whose parent was purged (its copy is all that is left).
+    await run_sql(
+        path, "UPDATE events SET hash = 'f' || substr(hash, 2) WHERE session = 'edited' AND seq = 2"
+    )
+    await run_sql(
+        path,
+        "INSERT INTO sessions (session, project, created_at, updated_at, parent_uid, fork_seq, "
+        "last_seq, last_hash) SELECT 'gone-kid', 'p', 1, 1, 'gone', 2, 3, hash FROM events "
+        "WHERE session = 'orphan' AND seq = 3",
+        "INSERT INTO events SELECT 'gone-kid', seq, prev_hash, hash, fence, event FROM events "
+        "WHERE session = 'orphan' AND seq <= 3",
+    )
+    assert own_rows(path, "leaf") == list(range(1, 10))
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        before = {
+            uid: db.execute(
+                "SELECT seq, prev_hash, hash, fence, event FROM events WHERE session = ? ORDER BY seq", (uid,)
+            ).fetchall()
+            for uid in ("g", "mid", "leaf", "edited", "orphan", "gone-kid", "plain")
+        }
+
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION
+        for uid, rows in before.items():
+            records = await store.read(uid)
+            assert [
+                (r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString()) for r in records
+            ] == [tuple(r) for r in rows], uid
+        # Copies identical to their parent's records became references.
+        assert own_rows(path, "mid") == [6, 7, 8, 9]
+        assert own_rows(path, "leaf") == [9]
+        assert own_rows(path, "orphan") == [4]
+        # The edited copy and the purged parent's child keep their own rows.
+        assert own_rows(path, "edited") == [1, 2, 3, 4]
+        assert own_rows(path, "gone-kid") == [1, 2, 3]
+        for uid in ("g", "mid", "leaf", "orphan", "gone-kid", "plain"):
+            assert await store.verify(uid) == len(before[uid])
+        with pytest.raises(TamperedError) as caught:
+            await store.verify("edited")
+        assert caught.value.seq == 2
+        # The migrated journal keeps working: appends, new forks by reference, purges.
+        await store.append("leaf", [inp("on")], expected_head=9, fence=0)
+        await store.fork("leaf", 10, [SessionRow(uid="new", project="p")], fork_marker("leaf@10"))
+        assert own_rows(path, "new") == [11]
+        await store.delete_session("mid", purge=True)
+        await store.delete_session("g", purge=True)
+        for uid in ("leaf", "new", "orphan"):
+            assert await store.verify(uid) == len(await store.read(uid))
+        assert [r.content_hash for r in (await store.read("new"))[:9]] == [r[2] for r in before["leaf"]]
     finally:
         await store.close()
 
@@ -162,20 +348,15 @@ async def test_concurrent_first_opens_initialize_once(tmp_path: Path) -> None:
 # -- durability settings ----------------------------------------------------------------------
 
 
-async def _writer_pragma(store: SqliteStore, name: str) -> int:
-    # The writer connection is the one whose commits must be durable.
-    rows = list(await store._w.execute_fetchall(f"PRAGMA {name}"))
-    return int(rows[0][0])
-
-
 async def test_synchronous_is_full_by_default_and_configurable(tmp_path: Path) -> None:
+    # Read on the writer connection: its commits are the ones that must be durable.
     full = await SqliteStore.open(tmp_path / "a.db")
     normal = await SqliteStore.open(tmp_path / "b.db", synchronous="normal", busy_timeout_ms=1234)
     try:
-        assert await _writer_pragma(full, "synchronous") == 2
-        assert await _writer_pragma(full, "busy_timeout") == 5000
-        assert await _writer_pragma(normal, "synchronous") == 1
-        assert await _writer_pragma(normal, "busy_timeout") == 1234
+        assert await full.pragma("synchronous") == 2
+        assert await full.pragma("busy_timeout") == 5000
+        assert await normal.pragma("synchronous") == 1
+        assert await normal.pragma("busy_timeout") == 1234
     finally:
         await full.close()
         await normal.close()
@@ -201,18 +382,18 @@ async def test_a_failed_commit_fails_every_append_of_the_batch(
 ) -> None:
     for uid in ("a", "b", "c"):
         await store.create_session(SessionRow(uid=uid, project="p"))
-    real = sqlite_store._heads
+    real = sqlite_store._Transaction.append_rows
     calls = 0
 
-    # The batch's statements run on the connection's thread; the first one of the batch fails.
-    def failing_once(db: sqlite3.Connection, uids: Any) -> Any:
+    # The batch's statements run on the writer's thread; its rows are written, then it fails.
+    async def failing_once(tx: Any, *args: Any) -> None:
         nonlocal calls
         calls += 1
+        await real(tx, *args)
         if calls == 1:
             raise sqlite3.OperationalError("disk I/O error")
-        return real(db, uids)
 
-    monkeypatch.setattr(sqlite_store, "_heads", failing_once)
+    monkeypatch.setattr(sqlite_store._Transaction, "append_rows", failing_once)
     outcomes = await asyncio.gather(
         *(store.append(u, [inp("x")], expected_head=0, fence=0) for u in ("a", "b", "c")),
         return_exceptions=True,
@@ -303,3 +484,76 @@ async def test_a_process_that_never_closes_its_store_still_exits(tmp_path: Path)
         await proc.wait()
         pytest.fail("the process hung after its event loop finished")
     assert code == 3
+
+
+# -- the writer's head cache ------------------------------------------------------------------
+
+
+async def test_appends_to_a_session_this_writer_owns_read_no_heads(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    fence = await store.new_fence("s", expected_head=0)
+    before = store.stats.head_reads
+    for head in range(5):
+        await store.append("s", [inp(str(head))], expected_head=head, fence=fence)
+    records = await store.append("s", [inp("next")], expected_head=5, fence=0, mint_fence=True)
+    assert store.stats.head_reads == before
+    assert records[0].fence == fence + 1
+    assert await store.verify("s") == 6
+
+
+async def test_another_store_on_the_file_is_noticed(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    first = await SqliteStore.open(path)
+    second = await SqliteStore.open(path)
+    try:
+        await first.create_session(SessionRow(uid="s", project="p"))
+        (one,) = await first.append("s", [inp("by first")], expected_head=0, fence=0)
+        (two,) = await second.append("s", [inp("by second")], expected_head=1, fence=0)
+        reads = first.stats.head_reads
+        # The first writer's memory says head 1; the file says 2, and the file wins.
+        with pytest.raises(ConflictError) as caught:
+            await first.append("s", [inp("stale")], expected_head=1, fence=0)
+        assert str(caught.value) == "expected_last_seq 1 does not match head 2 of session s"
+        assert first.stats.head_reads == reads + 1
+        (three,) = await first.append("s", [inp("current")], expected_head=2, fence=0)
+        assert (three.seq, three.prev_hash) == (3, two.content_hash)
+        assert two.prev_hash == one.content_hash
+        assert await second.new_fence("s") == 1
+        with pytest.raises(FencedError):
+            await first.append("s", [inp("old fence")], expected_head=3, fence=0)
+        assert await first.verify("s") == 3
+    finally:
+        await first.close()
+        await second.close()
+
+
+OTHER_HOST = """
+import asyncio, sys
+from agentsessions.host.journal import open_store
+from agentsessions.v1 import common_pb2
+
+async def main() -> None:
+    store = await open_store(sys.argv[1])
+    event = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
+    event.message.parts.add().text.text = "from another process"
+    fence = await store.new_fence("s")
+    await store.append("s", [event], expected_head=int(sys.argv[2]), fence=fence)
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_another_process_on_the_file_is_noticed(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    fence = await store.new_fence("s")
+    await store.append("s", [inp("mine")], expected_head=0, fence=fence)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_HOST, store.path, "1")
+    assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+    # The other process minted fence 2 and wrote seq 2: this writer's fence is superseded.
+    with pytest.raises(FencedError) as caught:
+        await store.append("s", [inp("mine again")], expected_head=2, fence=fence)
+    assert str(caught.value) == "fence 1 is superseded by fence 2 of session s"
+    records = await store.read("s")
+    assert [r.event.message.parts[0].text.text for r in records] == ["mine", "from another process"]
+    assert await store.verify("s") == 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 import pytest
 from google.protobuf import json_format
@@ -32,6 +33,16 @@ if TYPE_CHECKING:
     from tests.journal.conftest import StoreFactory
 
 FIXTURES = GO_JOURNALS
+
+
+class Importer(Protocol):
+    """Every store here can also take records verbatim (``agentsessions journal import``)."""
+
+    async def import_records(
+        self, row: SessionRow, records: Sequence[common_pb2.LogRecord]
+    ) -> SessionRow: ...
+
+
 L = common_pb2.Lifecycle
 
 
@@ -298,11 +309,8 @@ async def test_editing_a_stored_hash_is_detected(store: JournalStore, store_fact
 async def test_deleting_the_newest_records_is_detected(
     store: JournalStore, store_factory: StoreFactory
 ) -> None:
-    drop_newest = store_factory.backend.drop_newest
-    if drop_newest is None:
-        pytest.skip(f"{store_factory.name} has no way to delete a stored record")
     await _three_records(store)
-    await drop_newest(store, "s")  # what is left still links from genesis
+    await store_factory.backend.drop_newest(store, "s")  # what is left still links from genesis
     with pytest.raises(TamperedError) as info:
         await store.verify("s")
     assert info.value.seq == 3
@@ -665,3 +673,252 @@ async def test_session_uids_lists_every_session(store: JournalStore) -> None:
     await new_session(store, "a")
     await store.append("a", [inp("x")], expected_head=0, fence=0)
     assert {"a", "b"} <= set(await store.session_uids())
+
+
+# -- every rule, refused identically by every store ---------------------------------------------
+#
+# Each case below pins the exception type and the whole message, so that the three stores, which
+# share agentsessions.host.journal.rules, cannot drift apart again.
+
+
+async def _refused(call: Awaitable[object]) -> BaseException:
+    try:
+        await call
+    except StoreError as exc:
+        return exc
+    raise AssertionError("the store accepted what the rule refuses")
+
+
+def _is(exc: BaseException, kind: type[StoreError], message: str) -> None:
+    assert (type(exc), str(exc)) == (kind, message)
+
+
+async def test_rule_append_cas_on_the_expected_head(store: JournalStore) -> None:
+    await new_session(store, "s")
+    await store.append("s", [inp("a")], expected_head=0, fence=0)
+    exc = await _refused(store.append("s", [inp("b")], expected_head=5, fence=0))
+    _is(exc, ConflictError, "expected_last_seq 5 does not match head 1 of session s")
+    exc = await _refused(store.append("s", [inp("b")], expected_head=0, fence=0, mint_fence=True))
+    _is(exc, ConflictError, "expected_last_seq 0 does not match head 1 of session s")
+
+
+async def test_rule_a_fence_mint_at_an_expected_head(store: JournalStore) -> None:
+    await new_session(store, "s")
+    await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0)
+    exc = await _refused(store.new_fence("s", expected_head=1))
+    _is(exc, ConflictError, "expected_last_seq 1 does not match head 2 of session s")
+    assert await store.new_fence("s", expected_head=2) == 1
+
+
+async def test_rule_a_superseded_fence_is_refused(store: JournalStore) -> None:
+    await new_session(store, "s")
+    await store.new_fence("s")
+    await store.new_fence("s")
+    exc = await _refused(store.append("s", [inp("a")], expected_head=0, fence=1))
+    _is(exc, FencedError, "fence 1 is superseded by fence 2 of session s")
+
+
+async def test_rule_a_fence_mint_creates_a_missing_row(store: JournalStore) -> None:
+    assert await store.new_fence("nobody") == 1
+    assert await store.new_fence("nobody", expected_head=0) == 2
+    row = await store.get_session("nobody")
+    assert row is not None and (row.project, row.last_seq) == ("", 0)
+
+
+async def test_rule_writes_to_a_missing_or_deleted_session(store: JournalStore) -> None:
+    exc = await _refused(store.append("ghost", [inp("x")], expected_head=0, fence=0))
+    _is(exc, SessionNotFoundError, "session ghost not found")
+    await new_session(store, "gone")
+    await store.delete_session("gone", purge=False)
+    exc = await _refused(store.append("gone", [inp("x")], expected_head=0, fence=0))
+    _is(exc, SessionNotFoundError, "session gone not found")
+    exc = await _refused(store.delete_session("gone", purge=True))
+    _is(exc, SessionNotFoundError, "session gone not found")
+    exc = await _refused(
+        store.fork("gone", 0, [SessionRow(uid="c", project="p")], lifecycle(L.LIFECYCLE_FORK))
+    )
+    _is(exc, SessionNotFoundError, "session gone not found")
+
+
+async def test_rule_a_uid_is_taken_once(store: JournalStore) -> None:
+    await new_session(store, "s")
+    exc = await _refused(new_session(store, "s"))
+    _is(exc, SessionExistsError, "session s already exists")
+    await _parent(store)
+    marker = lifecycle(L.LIFECYCLE_FORK, "parent@1")
+    exc = await _refused(
+        store.fork(
+            "parent", 1, [SessionRow(uid="new", project="p"), SessionRow(uid="s", project="p")], marker
+        )
+    )
+    _is(exc, SessionExistsError, "session s already exists")
+    exc = await _refused(
+        store.fork(
+            "parent", 1, [SessionRow(uid="twin", project="p"), SessionRow(uid="twin", project="p")], marker
+        )
+    )
+    _is(exc, SessionExistsError, "fork children must have distinct uids")
+    assert await store.get_session("new") is None and await store.get_session("twin") is None
+
+
+async def test_rule_a_fork_point_lies_within_the_head(store: JournalStore) -> None:
+    await _parent(store)
+    marker = lifecycle(L.LIFECYCLE_FORK)
+    for at_seq in (6, -1):
+        exc = await _refused(store.fork("parent", at_seq, [SessionRow(uid="c", project="p")], marker))
+        _is(exc, ConflictError, f"fork at_seq {at_seq} is not within 0..5, the head of session parent")
+    assert await store.get_session("c") is None
+
+
+async def test_rule_a_fork_continues_from_a_stored_record(
+    store: JournalStore, store_factory: StoreFactory
+) -> None:
+    # The tampered parent: its record 2 is gone. Forking at 2 would chain the child to nothing.
+    await _parent(store)
+    await store_factory.backend.drop(store, "parent", 2)
+    marker = lifecycle(L.LIFECYCLE_FORK, "parent@2")
+    exc = await _refused(store.fork("parent", 2, [SessionRow(uid="c", project="p")], marker))
+    _is(
+        exc,
+        TamperedError,
+        "session parent: record seq 2 fails verification: "
+        "the record at seq 2 a fork continues from is missing",
+    )
+    assert await store.get_session("c") is None
+    assert await store.read("c") == []
+    # Before the gap the prefix is whole, and a fork there is fine.
+    (child,) = await store.fork("parent", 1, [SessionRow(uid="c", project="p")], marker)
+    assert await store.verify(child.uid) == 2
+
+
+async def test_rule_a_fork_at_the_head_continues_from_the_recorded_head(
+    store: JournalStore, store_factory: StoreFactory
+) -> None:
+    await _parent(store)
+    await store_factory.corrupt(store, "parent", 5, hash="f" * 64)
+    exc = await _refused(
+        store.fork("parent", 5, [SessionRow(uid="c", project="p")], lifecycle(L.LIFECYCLE_FORK))
+    )
+    _is(
+        exc,
+        TamperedError,
+        "session parent: record seq 5 fails verification: "
+        "the newest record is not the head recorded when it was appended",
+    )
+    assert await store.get_session("c") is None
+
+
+async def test_rule_verify_a_gap_in_the_chain(store: JournalStore, store_factory: StoreFactory) -> None:
+    await _three_records(store)
+    await store_factory.backend.drop(store, "s", 2)
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 2 fails verification: seq 2 is missing (the next stored record is seq 3)",
+    )
+
+
+async def test_rule_verify_each_link_hash_and_event(store: JournalStore, store_factory: StoreFactory) -> None:
+    records = await _three_records(store)
+    await store_factory.corrupt(store, "s", 1, hash="0" * 64)
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 1 fails verification: content_hash does not match the recomputed hash",
+    )
+    await store_factory.corrupt(store, "s", 1, hash=records[0].content_hash)
+    await store_factory.corrupt(store, "s", 2, event=lambda blob: b"\xff\xff\xff" + blob)
+    exc = await _refused(store.verify("s"))
+    _is(exc, TamperedError, "session s: record seq 2 fails verification: stored event does not decode")
+    await store_factory.corrupt(store, "s", 2, event=lambda blob: inp("hello").SerializeToString())
+    await store_factory.backend.drop(store, "s", 3)
+    forged = common_pb2.LogRecord(seq=3, prev_hash="1" * 64, fence=0, event=inp("omega"))
+    forged.content_hash = canon.content_hash(forged.event, forged.prev_hash, 3)
+    await store_factory.backend.insert(store, "s", forged)
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 3 fails verification: prev_hash does not link to the previous record",
+    )
+
+
+async def test_rule_verify_the_head_anchor(store: JournalStore, store_factory: StoreFactory) -> None:
+    records = await _three_records(store)
+    await store_factory.backend.drop_newest(store, "s")
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 3 fails verification: seq 3 is missing (the session's head is seq 3)",
+    )
+    await store_factory.backend.insert(store, "s", records[2])
+    assert await store.verify("s") == 3
+    extra = common_pb2.LogRecord(seq=4, prev_hash=records[2].content_hash, fence=0, event=inp("more"))
+    extra.content_hash = canon.content_hash(extra.event, extra.prev_hash, 4)
+    await store_factory.backend.insert(store, "s", extra)
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 4 fails verification: seq 4 is stored beyond the session's head (seq 3)",
+    )
+    await store_factory.backend.drop(store, "s", 4)
+    replaced = common_pb2.LogRecord(seq=3, prev_hash=records[1].content_hash, fence=0, event=inp("other"))
+    replaced.content_hash = canon.content_hash(replaced.event, replaced.prev_hash, 3)
+    await store_factory.backend.drop(store, "s", 3)
+    await store_factory.backend.insert(store, "s", replaced)
+    exc = await _refused(store.verify("s"))
+    _is(
+        exc,
+        TamperedError,
+        "session s: record seq 3 fails verification: "
+        "the newest record is not the head recorded when it was appended",
+    )
+
+
+async def test_rule_imported_records_form_one_chain(store: JournalStore) -> None:
+    records = await _three_records(store)
+    importer = cast(Importer, store)
+    exc = await _refused(
+        importer.import_records(SessionRow(uid="copy", project="p"), [records[0], records[2]])
+    )
+    _is(
+        exc,
+        TamperedError,
+        "session copy: record seq 3 fails verification: records to import do not form a chain from seq 1",
+    )
+    assert await store.get_session("copy") is None
+    exc = await _refused(importer.import_records(SessionRow(uid="s", project="p"), records))
+    _is(exc, SessionExistsError, "session s already exists")
+    copied = await importer.import_records(SessionRow(uid="copy", project="p"), records)
+    assert copied.last_seq == 3
+    assert await store.read("copy") == records
+    assert await store.verify("copy") == 3
+    (more,) = await store.append("copy", [inp("next")], expected_head=3, fence=0)
+    assert more.prev_hash == records[2].content_hash
+
+
+# -- deleting a fork's parent ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("purge", [False, True])
+async def test_deleting_a_parent_keeps_its_children_whole(store: JournalStore, purge: bool) -> None:
+    await _parent(store, events=8)
+    await store.fork(
+        "parent", 5, [SessionRow(uid="mid", project="p")], lifecycle(L.LIFECYCLE_FORK, "parent@5")
+    )
+    await store.append("mid", [inp(f"m{i}") for i in range(4)], expected_head=6, fence=0)
+    await store.fork("mid", 9, [SessionRow(uid="leaf", project="p")], lifecycle(L.LIFECYCLE_FORK, "mid@9"))
+    await store.fork("mid", 3, [SessionRow(uid="early", project="p")], lifecycle(L.LIFECYCLE_FORK, "mid@3"))
+    before = {uid: await store.read(uid) for uid in ("mid", "leaf", "early")}
+    await store.delete_session("mid", purge=purge)
+    assert await store.read("mid") == ([] if purge else before["mid"])
+    await store.delete_session("parent", purge=purge)
+    for uid in ("leaf", "early"):
+        assert await store.read(uid) == before[uid]
+        assert await store.verify(uid) == len(before[uid])
+        (rec,) = await store.append(uid, [inp("on")], expected_head=len(before[uid]), fence=0)
+        assert rec.prev_hash == before[uid][-1].content_hash

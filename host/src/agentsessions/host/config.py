@@ -19,6 +19,7 @@ from agentsessions.host import addresses
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
 from agentsessions.host.models.transport import RetryPolicy
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
@@ -41,14 +42,12 @@ OTEL_EXPORTERS = ("none", "console", "otlp")
 # Names the host always serves itself; a remote harness may not take them.
 RESERVED_HARNESS_NAMES = frozenset({"echo", "chat", "counter"})
 
-JournalKind = Literal["memory", "sqlite", "postgres"]
 LogFormat = Literal["text", "json"]
 OtelExporter = Literal["none", "console", "otlp"]
 
 # module:attribute, both dotted Python identifiers (what agentsessions-harness serve loads).
 _HARNESS_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class ConfigError(ValueError):
@@ -453,17 +452,11 @@ def check_approval_policy(path: str) -> None:
 
 
 def journal_kind(location: str) -> JournalKind:
-    if location == "memory:":
-        return "memory"
-    if location.startswith(("postgres://", "postgresql://")):
-        return "postgres"
-    if not location:
-        raise ConfigError("--journal must not be empty")
-    if _URL_SCHEME.match(location):
-        raise ConfigError(
-            f"--journal {location!r}: expected a SQLite file path, 'memory:' or a postgres:// URL"
-        )
-    return "sqlite"
+    """Which store ``--journal`` names; the journal's own parser decides (one reading everywhere)."""
+    try:
+        return parse_location(location).kind
+    except JournalLocationError as exc:
+        raise ConfigError(f"--journal: {exc}") from None
 
 
 def parse_harness_entry(entry: str) -> tuple[str, str]:

@@ -1,16 +1,19 @@
 """The journal: durable session rows and per-session hash-chained event logs.
 
-``open_store`` picks a backend from a URL or path; every backend implements
-``agentsessions.host.journal.store.JournalStore``. The rules every backend shares (the ListSessions
-cursor, the compute_state projection, page size bounds) live here so they are spelled once.
+``open_store`` opens the store a journal location names (``parse_location`` says what each form
+means); every store implements ``agentsessions.host.journal.store.JournalStore``. The rules every
+store applies live in ``agentsessions.host.journal.rules``; the ones about listing (the
+ListSessions cursor and page size bounds) live here so they are spelled once.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
-from typing import Any, Final
+import re
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from agentsessions.host.journal.store import (
     COMPUTE_COLD,
@@ -20,6 +23,7 @@ from agentsessions.host.journal.store import (
     FencedError,
     Head,
     InvalidPageTokenError,
+    JournalLocationError,
     JournalStore,
     SchemaError,
     SessionExistsError,
@@ -28,7 +32,6 @@ from agentsessions.host.journal.store import (
     StoreError,
     TamperedError,
 )
-from agentsessions.v1 import common_pb2
 
 __all__ = [
     "COMPUTE_COLD",
@@ -40,7 +43,11 @@ __all__ = [
     "FencedError",
     "Head",
     "InvalidPageTokenError",
+    "JournalKind",
+    "JournalLocation",
+    "JournalLocationError",
     "JournalStore",
+    "PostgresURLError",
     "SchemaError",
     "SessionExistsError",
     "SessionNotFoundError",
@@ -50,44 +57,138 @@ __all__ = [
     "clamp_page_size",
     "decode_page_token",
     "encode_page_token",
-    "imported_chain_state",
     "open_store",
-    "project_compute_state",
-    "require_distinct_uids",
+    "parse_location",
+    "redact_url",
+    "validate_postgres_url",
 ]
 
 DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
 
-_MEMORY: Final = "memory:"
-_SQLITE_SCHEME: Final = "sqlite://"
-_POSTGRES_SCHEMES: Final = ("postgres://", "postgresql://")
+JournalKind = Literal["memory", "sqlite", "postgres"]
+
+MEMORY_LOCATION: Final = "memory:"
+SQLITE_SCHEME: Final = "sqlite://"
+POSTGRES_SCHEMES: Final = ("postgres://", "postgresql://")
+_URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+_FORMS: Final = "a SQLite file path, sqlite://PATH, 'memory:' or a postgres:// (postgresql://) URL"
 
 
-async def open_store(target: str, **opts: Any) -> JournalStore:
-    """Open the journal store ``target`` names.
+# -- journal locations ----------------------------------------------------------------------------
 
-    * ``"memory:"`` — a fresh in-process store (nothing survives the process);
-    * ``"sqlite:///var/lib/agentsessions/journal.db"`` or a plain path — SQLite (``opts``: see
-      ``SqliteStore.open``); the URL's path is taken verbatim, so ``sqlite:///x.db`` is ``/x.db``;
-    * ``"postgres://..."`` / ``"postgresql://..."`` — PostgreSQL (``opts``: see ``PostgresStore.open``).
-    """
-    if target == _MEMORY:
+
+class PostgresURLError(JournalLocationError):
+    """A journal URL that is not a usable PostgreSQL connection URL."""
+
+
+@dataclass(frozen=True)
+class JournalLocation:
+    """What a journal location names: ``target`` is the SQLite file path, the PostgreSQL URL, or
+    "" for memory."""
+
+    kind: JournalKind
+    target: str
+
+
+def parse_location(location: str) -> JournalLocation:
+    """The one reading of a journal location (``--journal``, ``open_store``):
+
+    * ``memory:`` - a fresh in-process store (nothing survives the process);
+    * ``postgres://...`` / ``postgresql://...`` - PostgreSQL (the URL's shape is checked here);
+    * ``sqlite://PATH`` - the SQLite file PATH, taken verbatim (``sqlite:///var/j.db`` is
+      ``/var/j.db``, ``sqlite://j.db`` is ``j.db`` in the working directory);
+    * anything else without a URL scheme - a SQLite file path.
+
+    Raises JournalLocationError (PostgresURLError for a malformed PostgreSQL URL) naming the rule."""
+    if location == MEMORY_LOCATION:
+        return JournalLocation("memory", "")
+    if location.startswith(POSTGRES_SCHEMES):
+        return JournalLocation("postgres", validate_postgres_url(location))
+    if location.startswith(SQLITE_SCHEME):
+        path = location[len(SQLITE_SCHEME) :]
+        if not path:
+            raise JournalLocationError(f"journal location {location!r} names no SQLite file (sqlite://PATH)")
+        return JournalLocation("sqlite", path)
+    if not location:
+        raise JournalLocationError(f"journal location is empty: expected {_FORMS}")
+    if _URL_SCHEME.match(location):
+        scheme = location.partition(":")[0]
+        raise JournalLocationError(f"journal location {location!r} has scheme {scheme!r}: expected {_FORMS}")
+    return JournalLocation("sqlite", location)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe for messages and logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def validate_postgres_url(url: str) -> str:
+    """Check the shape of a ``postgres://`` / ``postgresql://`` URL; returns it unchanged.
+
+    Raises PostgresURLError naming what is wrong; the message never echoes a password."""
+    shown = redact_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: {exc}") from None
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise PostgresURLError(
+            f"malformed PostgreSQL URL {shown}: scheme must be postgres:// or postgresql://"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise PostgresURLError(
+            f"malformed PostgreSQL URL {shown}: port is not a number in 1..65535"
+        ) from None
+    if port == 0:
+        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: port is not a number in 1..65535")
+    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    if not parts.hostname and "host" not in query:
+        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: no host (use postgresql://HOST[:PORT]/DB)")
+    database = parts.path.lstrip("/")
+    if "/" in database:
+        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: database name may not contain '/'")
+    if parts.fragment:
+        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: unexpected '#' fragment")
+    return url
+
+
+async def open_store(location: str, **opts: Any) -> JournalStore:
+    """Open the journal store ``location`` names (see ``parse_location``).
+
+    ``opts`` go to ``SqliteStore.open`` or ``PostgresStore.open``; the memory store takes none."""
+    where = parse_location(location)
+    if where.kind == "memory":
         from agentsessions.host.journal.memory import MemoryStore
 
         if opts:
             raise TypeError(f"the memory store takes no options, got {sorted(opts)}")
         return MemoryStore()
-    if target.startswith(_POSTGRES_SCHEMES):
+    if where.kind == "postgres":
         from agentsessions.host.journal.postgres import PostgresStore
 
-        return await PostgresStore.open(target, **opts)
+        return await PostgresStore.open(where.target, **opts)
     from agentsessions.host.journal.sqlite import SqliteStore
 
-    path = target[len(_SQLITE_SCHEME) :] if target.startswith(_SQLITE_SCHEME) else target
-    if not path:
-        raise SchemaError(f"journal target {target!r} names no SQLite file")
-    return await SqliteStore.open(path, **opts)
+    return await SqliteStore.open(where.target, **opts)
+
+
+# -- listing ----------------------------------------------------------------------------------------
 
 
 def clamp_page_size(page_size: int) -> int:
@@ -118,46 +219,3 @@ def decode_page_token(token: str) -> tuple[int, str]:
     if encode_page_token(int(nanos), uid) != token:
         raise bad
     return int(nanos), uid
-
-
-def project_compute_state(current: str, event: common_pb2.Event) -> str:
-    """compute_state after appending ``event`` (spec 1.1, maintained in the append transaction).
-
-    Any non-lifecycle event makes compute LIVE except host approval requests and decisions;
-    LIFECYCLE_SUSPEND and LIFECYCLE_FORK make it COLD, LIFECYCLE_RESUME LIVE; other lifecycle kinds
-    leave it as it was."""
-    kind = event.kind
-    if kind == common_pb2.EVENT_LIFECYCLE:
-        lifecycle = event.lifecycle.kind
-        if (
-            lifecycle == common_pb2.Lifecycle.LIFECYCLE_SUSPEND
-            or lifecycle == common_pb2.Lifecycle.LIFECYCLE_FORK
-        ):
-            return COMPUTE_COLD
-        if lifecycle == common_pb2.Lifecycle.LIFECYCLE_RESUME:
-            return COMPUTE_LIVE
-        return current
-    if kind == common_pb2.EVENT_APPROVAL_REQUEST or kind == common_pb2.EVENT_APPROVAL_RESULT:
-        return current
-    return COMPUTE_LIVE
-
-
-def require_distinct_uids(children: Sequence[SessionRow]) -> None:
-    """A fork's children must not share a uid (all or nothing: checked before anything is written)."""
-    uids = [c.uid for c in children]
-    if len(set(uids)) != len(uids):
-        raise SessionExistsError("fork children must have distinct uids")
-
-
-def imported_chain_state(uid: str, records: Sequence[common_pb2.LogRecord]) -> tuple[str, int]:
-    """Check that records to import form one chain from seq 1 (hashes are taken as stored) and
-    return the session's compute_state projection and highest fence after them."""
-    prev = ""
-    for i, rec in enumerate(records, start=1):
-        if rec.seq != i or rec.prev_hash != prev:
-            raise TamperedError(uid, rec.seq, "records to import do not form a chain from seq 1")
-        prev = rec.content_hash
-    state = COMPUTE_NONE
-    for rec in records:
-        state = project_compute_state(state, rec.event)
-    return state, max((r.fence for r in records), default=0)

@@ -1,10 +1,13 @@
-"""PostgreSQL journal store (asyncpg): several host processes may share one database.
+"""PostgreSQL journal store (asyncpg), a dialect of ``engine.DialectStore``: several host
+processes may share one database.
 
-Cross-process single-writer safety comes from the database, not from this process: every
-append locks the session row (``SELECT ... FOR UPDATE``) before comparing the head and the
-fence, and the ``(session, seq)`` primary key backs that up. Concurrent appends from this
-process are grouped: one transaction per flush carries every queued append, so one commit
-(one WAL flush) makes a whole batch durable.
+Cross-process single-writer safety comes from the database, not from this process: every write
+transaction locks the rows of the sessions it appends to (``SELECT ... FOR UPDATE``) before the
+rules compare the head and the fence, and the ``(session, seq)`` primary key backs that up. The
+engine's group commit carries every write queued in this process; one transaction per batch (one
+WAL flush) makes the whole batch durable, with two batches in flight on separate connections.
+Heads are read under the lock in every transaction: this dialect cannot tell whether another
+host committed since (``foreign_writes`` is always True), so the engine's head cache is not used.
 
 A fork child does not copy its parent's prefix: its records 1..fork_seq are read through the
 parent (spec 3.1 still holds for what ``read`` returns: identical records, identical hashes).
@@ -15,38 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar, cast
 
 import asyncpg
 
-from agentsessions.host.journal import (
-    clamp_page_size,
-    decode_page_token,
-    encode_page_token,
-    imported_chain_state,
-    project_compute_state,
-    require_distinct_uids,
-)
-from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
+from agentsessions.host.journal import PostgresURLError, redact_url, validate_postgres_url
+from agentsessions.host.journal.dialect import BatchFailure
+from agentsessions.host.journal.engine import DialectStore
+from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.store import (
-    COMPUTE_NONE,
     ConflictError,
-    FencedError,
-    Head,
     SchemaError,
-    SessionExistsError,
-    SessionNotFoundError,
     SessionRow,
     StoreError,
-    TamperedError,
 )
-from agentsessions.v1 import common_pb2, harness_registry_pb2
+from agentsessions.v1 import common_pb2
 
 __all__ = [
     "MIGRATIONS",
@@ -56,6 +46,8 @@ __all__ = [
     "redact_url",
     "validate_postgres_url",
 ]
+
+_T = TypeVar("_T")
 
 # Two flushes in flight: one commits while the next batch forms.
 DEFAULT_FLUSHERS: Final = 2
@@ -156,62 +148,20 @@ MIGRATIONS: Final[tuple[_Migration, ...]] = (
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 
 
-class PostgresURLError(StoreError, ValueError):
-    """A journal URL that is not a usable PostgreSQL connection URL."""
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe for messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def validate_postgres_url(url: str) -> str:
-    """Check the shape of a ``postgres://`` / ``postgresql://`` URL; returns it unchanged.
-
-    Raises PostgresURLError naming what is wrong; the message never echoes a password."""
-    shown = redact_url(url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:
-        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: {exc}") from None
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise PostgresURLError(
-            f"malformed PostgreSQL URL {shown}: scheme must be postgres:// or postgresql://"
-        )
-    try:
-        port = parts.port
-    except ValueError:
-        raise PostgresURLError(
-            f"malformed PostgreSQL URL {shown}: port is not a number in 1..65535"
-        ) from None
-    if port == 0:
-        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: port is not a number in 1..65535")
-    query = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
-    if not parts.hostname and "host" not in query:
-        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: no host (use postgresql://HOST[:PORT]/DB)")
-    database = parts.path.lstrip("/")
-    if "/" in database:
-        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: database name may not contain '/'")
-    if parts.fragment:
-        raise PostgresURLError(f"malformed PostgreSQL URL {shown}: unexpected '#' fragment")
-    return url
-
-
-def _now_ns() -> int:
-    return time.time_ns()
+def _driver_error(what: str, exc: BaseException) -> tuple[type[StoreError], str, bool] | None:
+    """The typed store error an asyncpg or socket failure becomes, and whether it is a conflict
+    one write of a batch may have caused (worth retrying each write alone); None if not ours."""
+    if isinstance(exc, asyncpg.DeadlockDetectedError | asyncpg.SerializationError):
+        return ConflictError, f"{what}: concurrent writer won ({exc.sqlstate})", True
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        return ConflictError, f"{what}: a concurrent writer already wrote that row", True
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return SchemaError, f"{what}: journal tables are missing ({exc})", False
+    if isinstance(exc, asyncpg.PostgresError):
+        return StoreError, f"{what}: PostgreSQL error {exc.sqlstate}: {exc}", False
+    if isinstance(exc, OSError | asyncpg.InterfaceError | TimeoutError):
+        return StoreError, f"{what}: PostgreSQL unavailable: {exc}", False
+    return None
 
 
 @contextlib.contextmanager
@@ -221,57 +171,11 @@ def _driver_errors(what: str) -> Iterator[None]:
         yield
     except StoreError:
         raise
-    except (asyncpg.DeadlockDetectedError, asyncpg.SerializationError) as exc:
-        raise ConflictError(f"{what}: concurrent writer won ({exc.sqlstate})") from exc
-    except asyncpg.UniqueViolationError as exc:
-        raise ConflictError(f"{what}: a concurrent writer already wrote that row") from exc
-    except asyncpg.UndefinedTableError as exc:
-        raise SchemaError(f"{what}: journal tables are missing ({exc})") from exc
-    except asyncpg.PostgresError as exc:
-        raise StoreError(f"{what}: PostgreSQL error {exc.sqlstate}: {exc}") from exc
-    except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
-        raise StoreError(f"{what}: PostgreSQL unavailable: {exc}") from exc
-
-
-@dataclass
-class _PendingAppend:
-    uid: str
-    payloads: list[bytes]
-    canonical: list[bytes]
-    events: list[common_pb2.Event]
-    expected_head: int
-    fence: int
-    future: asyncio.Future[list[common_pb2.LogRecord]]
-    mint: bool = False
-
-
-@dataclass
-class _SessionState:
-    """A locked session row as one flush sees it (updated as the flush applies appends)."""
-
-    fence: int
-    last_seq: int
-    last_hash: str
-    compute_state: str
-    dirty: bool = False
-
-
-@dataclass
-class _Batch:
-    rows_session: list[str] = field(default_factory=list)
-    rows_seq: list[int] = field(default_factory=list)
-    rows_prev: list[str] = field(default_factory=list)
-    rows_hash: list[str] = field(default_factory=list)
-    rows_fence: list[int] = field(default_factory=list)
-    rows_event: list[bytes] = field(default_factory=list)
-
-    def add(self, uid: str, record: common_pb2.LogRecord, payload: bytes) -> None:
-        self.rows_session.append(uid)
-        self.rows_seq.append(record.seq)
-        self.rows_prev.append(record.prev_hash)
-        self.rows_hash.append(record.content_hash)
-        self.rows_fence.append(record.fence)
-        self.rows_event.append(payload)
+    except Exception as exc:
+        mapped = _driver_error(what, exc)
+        if mapped is None:
+            raise
+        raise mapped[0](mapped[1]) from exc
 
 
 _INSERT_EVENTS: Final = """
@@ -279,6 +183,7 @@ _INSERT_EVENTS: Final = """
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bytea[])
 """
 
+# One round trip writes the records and moves the heads.
 _APPEND_ROWS: Final = """
     WITH appended AS (
         INSERT INTO events (session, seq, prev_hash, hash, fence, event)
@@ -286,10 +191,18 @@ _APPEND_ROWS: Final = """
     )
     UPDATE sessions AS s
     SET last_seq = u.last_seq, last_hash = u.last_hash, compute_state = u.compute_state, updated_at = $11,
-        fence = GREATEST(s.fence, u.fence)
+        fence = u.fence
     FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $12::bigint[])
         AS u(uid, last_seq, last_hash, compute_state, fence)
     WHERE s.uid = u.uid
+"""
+
+_INSERT_SESSIONS: Final = """
+    INSERT INTO sessions (uid, project, name, harness, model, labels, annotations, origin, identity,
+        parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
+        $7::jsonb[], $8::bytea[], $9::bytea[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],
+        $14::text[], $15::bigint[], $16::bigint[], $17::text[])
 """
 
 # A session's records: its own rows above base_seq, then (recursively) rows 1..base_seq of its
@@ -316,22 +229,272 @@ _SESSION_COLUMNS: Final = (
 )
 
 
-class PostgresStore:
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def _columns(rows: Sequence[StoredRecord]) -> tuple[list[Any], ...]:
+    return (
+        [r.session for r in rows],
+        [r.seq for r in rows],
+        [r.prev_hash for r in rows],
+        [r.hash for r in rows],
+        [r.fence for r in rows],
+        [r.event for r in rows],
+    )
+
+
+class _Transaction:
+    """Statements on one pooled connection, inside its transaction."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    async def foreign_writes(self) -> bool:
+        return True  # another host may have committed; heads are always read under the lock
+
+    async def heads(self, uids: Sequence[str]) -> dict[str, SessionHead]:
+        recs = await self._conn.fetch(
+            """
+            SELECT uid, fence, last_seq, last_hash, compute_state, deleted_at FROM sessions
+            WHERE uid = ANY($1::text[]) ORDER BY uid FOR UPDATE
+            """,
+            list(uids),
+        )
+        out = {uid: SessionHead(uid) for uid in uids}
+        for r in recs:
+            uid = str(r["uid"])
+            out[uid] = SessionHead(
+                uid,
+                True,
+                r["deleted_at"] is not None,
+                int(r["fence"]),
+                str(r["compute_state"]),
+                int(r["last_seq"]),
+                str(r["last_hash"]),
+            )
+        return out
+
+    async def append_rows(
+        self, rows: Sequence[StoredRecord], moved: Sequence[SessionHead], now_ns: int
+    ) -> None:
+        if not moved:
+            if rows:
+                await self._conn.execute(_INSERT_EVENTS, *_columns(rows))
+            return
+        await self._conn.execute(
+            _APPEND_ROWS,
+            *_columns(rows),
+            [h.uid for h in moved],
+            [h.seq for h in moved],
+            [h.hash for h in moved],
+            [h.compute_state for h in moved],
+            now_ns,
+            [h.fence for h in moved],
+        )
+
+    async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
+        columns = list(zip(*(_row_params(s) for s in sessions), strict=True))
+        await self._conn.execute(_INSERT_SESSIONS, *(list(c) for c in columns))
+
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        inserted = await self._conn.fetchval(
+            _INSERT_SESSIONS + " ON CONFLICT (uid) DO NOTHING RETURNING uid",
+            *([c] for c in _row_params(session)),
+        )
+        return inserted is not None
+
+    async def taken(self, uids: Sequence[str]) -> set[str]:
+        recs = await self._conn.fetch("SELECT uid FROM sessions WHERE uid = ANY($1::text[])", list(uids))
+        return {str(r["uid"]) for r in recs}
+
+    async def live_row(self, uid: str) -> SessionRow | None:
+        rec = await self._conn.fetchrow(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE uid = $1 AND deleted_at IS NULL FOR UPDATE", uid
+        )
+        return None if rec is None else _row_from_record(rec)
+
+    async def mark_deleted(self, uid: str, now_ns: int) -> None:
+        await self._conn.execute(
+            "UPDATE sessions SET deleted_at = $2, updated_at = $2 WHERE uid = $1", uid, now_ns
+        )
+
+    async def purge(self, uid: str) -> None:
+        conn = self._conn
+        await _unshare(conn, uid)
+        await conn.execute(
+            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 WHERE uid = $1",
+            uid,
+        )
+        await conn.execute("DELETE FROM events WHERE session = $1", uid)
+        await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
+
+    async def record_at(self, uid: str, seq: int) -> tuple[int, str] | None:
+        rec = await self._conn.fetchrow(_RESOLVED, uid, seq, seq)
+        return None if rec is None else (int(rec["seq"]), str(rec["hash"]))
+
+    async def share_prefix(self, children: Sequence[str], parent_uid: str, at_seq: int) -> None:
+        # A prefix that lies wholly in the parent's own base is taken from there, keeping base
+        # chains short.
+        await self._conn.execute(
+            """
+            UPDATE sessions AS c
+            SET base_seq = $3::bigint,
+                base_uid = CASE WHEN $3::bigint = 0 THEN ''
+                                WHEN $3::bigint <= p.base_seq THEN p.base_uid
+                                ELSE p.uid END
+            FROM sessions AS p
+            WHERE p.uid = $2 AND c.uid = ANY($1::text[])
+            """,
+            list(children),
+            parent_uid,
+            at_seq,
+        )
+
+    async def put_harness(self, name: str, registration: bytes, now_ns: int) -> None:
+        await self._conn.execute(
+            """
+            INSERT INTO harnesses (name, registration, updated_at) VALUES ($1, $2, $3)
+            ON CONFLICT (name) DO UPDATE
+            SET registration = EXCLUDED.registration, updated_at = EXCLUDED.updated_at
+            """,
+            name,
+            registration,
+            now_ns,
+        )
+
+    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: bytes, now_ns: int) -> None:
+        await self._conn.execute(
+            """
+            INSERT INTO tool_receipts (session, idempotency_key, result, created_at)
+            VALUES ($1, $2, $3, $4) ON CONFLICT (session, idempotency_key) DO NOTHING
+            """,
+            uid,
+            idempotency_key,
+            result,
+            now_ns,
+        )
+
+
+class _PostgresDialect:
+    immediate: Final = False
+
+    def __init__(self, pool: Any, url: str, *, flushers: int) -> None:
+        self.pool = pool
+        self.url = url
+        self.max_in_flight = max(1, flushers)
+
+    @contextlib.asynccontextmanager
+    async def _conn(self, what: str) -> AsyncIterator[Any]:
+        with _driver_errors(what):
+            async with self.pool.acquire(timeout=COMMAND_TIMEOUT_S) as conn:
+                yield conn
+
+    async def transaction(self, body: Callable[[_Transaction], Awaitable[_T]]) -> _T:
+        async with self.pool.acquire(timeout=COMMAND_TIMEOUT_S) as conn, conn.transaction():
+            return await body(_Transaction(conn))
+
+    def batch_failure(self, exc: Exception) -> BatchFailure:
+        if isinstance(exc, StoreError):
+            return BatchFailure(type(exc), str(exc))
+        mapped = _driver_error("journal write", exc)
+        if mapped is None:
+            return BatchFailure(StoreError, f"journal write failed: {exc!r}")
+        return BatchFailure(*mapped)
+
+    async def get_row(self, uid: str) -> SessionRow | None:
+        async with self._conn("get session") as conn:
+            rec = await conn.fetchrow(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE uid = $1 AND deleted_at IS NULL", uid
+            )
+        return None if rec is None else _row_from_record(rec)
+
+    async def list_rows(self, project: str, after: tuple[int, str] | None, limit: int) -> list[SessionRow]:
+        async with self._conn("list sessions") as conn:
+            if after is None:
+                recs = await conn.fetch(
+                    f"""
+                    SELECT {_SESSION_COLUMNS} FROM sessions
+                    WHERE project = $1 AND deleted_at IS NULL
+                    ORDER BY created_at DESC, uid ASC LIMIT $2
+                    """,
+                    project,
+                    limit,
+                )
+            else:
+                recs = await conn.fetch(
+                    f"""
+                    SELECT {_SESSION_COLUMNS} FROM sessions
+                    WHERE project = $1 AND deleted_at IS NULL
+                      AND (created_at < $2 OR (created_at = $2 AND uid > $3))
+                    ORDER BY created_at DESC, uid ASC LIMIT $4
+                    """,
+                    project,
+                    after[0],
+                    after[1],
+                    limit,
+                )
+        return [_row_from_record(r) for r in recs]
+
+    async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
+        async with self._conn("read") as conn:
+            recs = await conn.fetch(_RESOLVED, uid, from_seq, to_seq)
+        return [_log_record(r) for r in recs]
+
+    async def anchor(self, uid: str) -> tuple[int, str] | None:
+        async with self._conn("head") as conn:
+            rec = await conn.fetchrow("SELECT last_seq, last_hash FROM sessions WHERE uid = $1", uid)
+        return None if rec is None else (int(rec["last_seq"]), str(rec["last_hash"]))
+
+    async def verify_scan(self, uid: str, check: ChainCheck) -> tuple[int, str] | None:
+        async with self._conn("verify") as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            rec = await conn.fetchrow("SELECT last_seq, last_hash FROM sessions WHERE uid = $1", uid)
+            async for r in conn.cursor(_RESOLVED, uid, 1, 0, prefetch=VERIFY_CHUNK):
+                check.feed(int(r["seq"]), str(r["prev_hash"]), str(r["hash"]), bytes(r["event"]))
+        return None if rec is None else (int(rec["last_seq"]), str(rec["last_hash"]))
+
+    async def session_uids(self) -> list[str]:
+        async with self._conn("list session uids") as conn:
+            recs = await conn.fetch(
+                "SELECT uid FROM sessions UNION SELECT DISTINCT session FROM events ORDER BY 1"
+            )
+        return [str(r[0]) for r in recs]
+
+    async def get_harness(self, name: str) -> bytes | None:
+        async with self._conn("get harness") as conn:
+            blob = await conn.fetchval("SELECT registration FROM harnesses WHERE name = $1", name)
+        return None if blob is None else bytes(blob)
+
+    async def list_harnesses(self) -> list[bytes]:
+        async with self._conn("list harnesses") as conn:
+            recs = await conn.fetch("SELECT registration FROM harnesses ORDER BY name")
+        return [bytes(r["registration"]) for r in recs]
+
+    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> bytes | None:
+        async with self._conn("get tool receipt") as conn:
+            blob = await conn.fetchval(
+                "SELECT result FROM tool_receipts WHERE session = $1 AND idempotency_key = $2",
+                uid,
+                idempotency_key,
+            )
+        return None if blob is None else bytes(blob)
+
+    async def schema_version(self) -> int:
+        async with self._conn("read schema version") as conn:
+            return int(await conn.fetchval(f"SELECT max(version) FROM {_MIGRATIONS_TABLE}"))
+
+    async def close(self) -> None:
+        await asyncio.wait_for(self.pool.close(), timeout=COMMAND_TIMEOUT_S)
+
+
+class PostgresStore(DialectStore):
     """JournalStore on PostgreSQL. Create with ``await PostgresStore.open(url)``."""
 
-    def __init__(self, pool: Any, url: str, *, flushers: int, max_batch: int) -> None:
-        self._pool = pool
+    def __init__(self, dialect: _PostgresDialect, *, max_batch: int) -> None:
+        super().__init__(dialect, max_batch=max_batch)
+        self._postgres = dialect
         # The connection URL (may carry a password: show redact_url(url) instead).
-        self.url = url
-        self._flushers = max(1, flushers)
-        self._max_batch = max(1, max_batch)
-        self._queue: list[_PendingAppend] = []
-        self._flushing = 0
-        self._flush_tasks: set[asyncio.Task[None]] = set()
-        self._flush_scheduled = False
-        self._closed = False
-
-    # -- lifecycle ---------------------------------------------------------------------------
+        self.url = dialect.url
 
     @classmethod
     async def open(
@@ -370,582 +533,18 @@ class PostgresStore:
             raise StoreError(
                 f"cannot connect to PostgreSQL at {shown}: {exc or type(exc).__name__}"
             ) from None
-        store = cls(pool, url, flushers=flushers, max_batch=max_batch)
         try:
             async with pool.acquire() as conn:
                 await _migrate(conn, shown, apply=migrate)
         except BaseException:
             await pool.close()
             raise
-        return store
-
-    async def close(self) -> None:
-        """Wait for queued appends to flush, then close the pool."""
-        if self._closed:
-            return
-        self._closed = True
-        while self._queue or self._flush_tasks:
-            self._start_flushes()
-            await asyncio.gather(*list(self._flush_tasks), return_exceptions=True)
-        await asyncio.wait_for(self._pool.close(), timeout=COMMAND_TIMEOUT_S)
+        return cls(_PostgresDialect(pool, url, flushers=flushers), max_batch=max_batch)
 
     async def schema_version(self) -> int:
         """The newest applied migration version."""
-        async with self._conn("read schema version") as conn:
-            return int(await conn.fetchval(f"SELECT max(version) FROM {_MIGRATIONS_TABLE}"))
-
-    @contextlib.asynccontextmanager
-    async def _conn(self, what: str, *, flushing: bool = False) -> AsyncIterator[Any]:
-        # A flush queued before close() still runs: close() waits for it.
-        if self._closed and not flushing:
-            raise StoreError(f"{what}: store is closed")
-        with _driver_errors(what):
-            async with self._pool.acquire(timeout=COMMAND_TIMEOUT_S) as conn:
-                yield conn
-
-    # -- session rows ------------------------------------------------------------------------
-
-    async def create_session(self, row: SessionRow) -> SessionRow:
-        now = _now_ns()
-        created = row.create_time_ns or now
-        updated = row.update_time_ns or created
-        async with self._conn("create session") as conn:
-            try:
-                await conn.execute(
-                    """
-                    INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
-                        origin, identity, parent_uid, fork_seq, created_at, updated_at)
-                    VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13)
-                    """,
-                    *_row_params(row),
-                    created,
-                    updated,
-                )
-            except asyncpg.UniqueViolationError:
-                raise SessionExistsError(f"session {row.uid} already exists") from None
-        return dataclasses.replace(
-            row, create_time_ns=created, update_time_ns=updated, compute_state=COMPUTE_NONE, last_seq=0
-        )
-
-    async def get_session(self, uid: str) -> SessionRow | None:
-        async with self._conn("get session") as conn:
-            rec = await conn.fetchrow(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE uid = $1 AND deleted_at IS NULL", uid
-            )
-        return None if rec is None else _row_from_record(rec)
-
-    async def list_sessions(
-        self, project: str, page_size: int, page_token: str
-    ) -> tuple[list[SessionRow], str]:
-        size = clamp_page_size(page_size)
-        async with self._conn("list sessions") as conn:
-            if page_token:
-                after_ns, after_uid = decode_page_token(page_token)
-                recs = await conn.fetch(
-                    f"""
-                    SELECT {_SESSION_COLUMNS} FROM sessions
-                    WHERE project = $1 AND deleted_at IS NULL
-                      AND (created_at < $2 OR (created_at = $2 AND uid > $3))
-                    ORDER BY created_at DESC, uid ASC LIMIT $4
-                    """,
-                    project,
-                    after_ns,
-                    after_uid,
-                    size + 1,
-                )
-            else:
-                recs = await conn.fetch(
-                    f"""
-                    SELECT {_SESSION_COLUMNS} FROM sessions
-                    WHERE project = $1 AND deleted_at IS NULL
-                    ORDER BY created_at DESC, uid ASC LIMIT $2
-                    """,
-                    project,
-                    size + 1,
-                )
-        rows = [_row_from_record(r) for r in recs[:size]]
-        token = ""
-        if len(recs) > size:
-            last = rows[-1]
-            token = encode_page_token(last.create_time_ns, last.uid)
-        return rows, token
-
-    async def delete_session(self, uid: str, *, purge: bool) -> SessionRow:
-        async with self._conn("delete session") as conn, conn.transaction():
-            rec = await conn.fetchrow(
-                f"""
-                UPDATE sessions SET deleted_at = $2, updated_at = $2
-                WHERE uid = $1 AND deleted_at IS NULL
-                RETURNING {_SESSION_COLUMNS}
-                """,
-                uid,
-                _now_ns(),
-            )
-            if rec is None:
-                raise SessionNotFoundError(f"session {uid} not found")
-            if purge:
-                await _unshare(conn, uid)
-                await conn.execute(
-                    "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 "
-                    "WHERE uid = $1",
-                    uid,
-                )
-                await conn.execute("DELETE FROM events WHERE session = $1", uid)
-                await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
-        return _row_from_record(rec)
-
-    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
-        now = _now_ns()
-        if expected_head is not None:
-            async with self._conn("new fence") as conn:
-                # The row lock orders this mint against appends, which lock the same row.
-                value = await conn.fetchval(
-                    """
-                    UPDATE sessions SET fence = fence + 1 WHERE uid = $1 AND last_seq = $2
-                    RETURNING fence
-                    """,
-                    uid,
-                    expected_head,
-                )
-                if value is not None:
-                    return int(value)
-                head = await conn.fetchval("SELECT last_seq FROM sessions WHERE uid = $1", uid)
-            if head is not None or expected_head != 0:
-                raise ConflictError(
-                    f"expected head {expected_head} does not match head {head or 0} of session {uid}"
-                )
-        async with self._conn("new fence") as conn:
-            value = await conn.fetchval(
-                """
-                INSERT INTO sessions (uid, fence, created_at, updated_at) VALUES ($1, 1, $2, $2)
-                ON CONFLICT (uid) DO UPDATE SET fence = sessions.fence + 1
-                RETURNING fence
-                """,
-                uid,
-                now,
-            )
-        return int(value)
-
-    # -- append (group commit) ---------------------------------------------------------------
-
-    async def append(
-        self,
-        uid: str,
-        events: Sequence[common_pb2.Event],
-        *,
-        expected_head: int,
-        fence: int,
-        mint_fence: bool = False,
-    ) -> list[common_pb2.LogRecord]:
-        if self._closed:
-            raise StoreError("append: store is closed")
-        normalized = [normalize_event(e) for e in events]
-        # Serialization and the canonical form need no lock: done here, only chaining is batched.
-        pending = _PendingAppend(
-            uid=uid,
-            payloads=[e.SerializeToString(deterministic=True) for e in normalized],
-            canonical=[canonical_event(e) for e in normalized],
-            events=normalized,
-            expected_head=expected_head,
-            fence=fence,
-            future=asyncio.get_running_loop().create_future(),
-            mint=mint_fence,
-        )
-        self._queue.append(pending)
-        self._schedule_flush()
-        return await pending.future
-
-    def _schedule_flush(self) -> None:
-        # Deferred by one loop turn: writers woken by the previous flush queue their next
-        # appends first, so a free flusher takes them all in one transaction.
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start_flushes)
-
-    def _start_flushes(self) -> None:
-        self._flush_scheduled = False
-        while self._queue and self._flushing < self._flushers:
-            batch = self._queue[: self._max_batch]
-            del self._queue[: self._max_batch]
-            self._flushing += 1
-            task = asyncio.get_running_loop().create_task(self._flush(batch))
-            self._flush_tasks.add(task)
-            task.add_done_callback(self._flush_done)
-
-    def _flush_done(self, task: asyncio.Task[None]) -> None:
-        self._flush_tasks.discard(task)
-        self._flushing -= 1
-        if self._queue:
-            self._schedule_flush()
-
-    async def _flush(self, batch: list[_PendingAppend]) -> None:
-        try:
-            outcomes = await self._commit_batch(batch)
-        except (ConflictError, StoreError) as exc:
-            if len(batch) > 1 and isinstance(exc.__cause__, _RETRYABLE):
-                # A batch-wide failure the database rolled back: retry alone so one bad
-                # append cannot fail its neighbours.
-                for pending in batch:
-                    try:
-                        single = await self._commit_batch([pending])
-                    except BaseException as one_exc:
-                        _settle(pending, one_exc)
-                    else:
-                        _settle(pending, single[0])
-                return
-            for pending in batch:
-                _settle(pending, exc)
-            return
-        except BaseException as exc:
-            for pending in batch:
-                _settle(pending, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            _settle(pending, outcome)
-
-    async def _commit_batch(
-        self, batch: list[_PendingAppend]
-    ) -> list[list[common_pb2.LogRecord] | BaseException]:
-        outcomes: list[list[common_pb2.LogRecord] | BaseException] = []
-        uids = sorted({p.uid for p in batch})
-        now = _now_ns()
-        async with self._conn("append", flushing=True) as conn, conn.transaction():
-            recs = await conn.fetch(
-                """
-                SELECT uid, fence, last_seq, last_hash, compute_state, deleted_at FROM sessions
-                WHERE uid = ANY($1::text[]) ORDER BY uid FOR UPDATE
-                """,
-                uids,
-            )
-            states: dict[str, _SessionState] = {}
-            deleted: set[str] = set()
-            for r in recs:
-                if r["deleted_at"] is not None:
-                    deleted.add(r["uid"])
-                states[r["uid"]] = _SessionState(
-                    fence=r["fence"],
-                    last_seq=r["last_seq"],
-                    last_hash=r["last_hash"],
-                    compute_state=r["compute_state"],
-                )
-            rows = _Batch()
-            for pending in batch:
-                state = states.get(pending.uid)
-                if state is None or pending.uid in deleted:
-                    outcomes.append(SessionNotFoundError(f"session {pending.uid} not found"))
-                    continue
-                if pending.expected_head != state.last_seq:
-                    outcomes.append(
-                        ConflictError(
-                            f"expected_last_seq {pending.expected_head} does not match head "
-                            f"{state.last_seq} of session {pending.uid}"
-                        )
-                    )
-                    continue
-                fence = pending.fence
-                if pending.mint:
-                    fence = state.fence + 1
-                    state.fence, state.dirty = fence, True
-                elif fence < state.fence:
-                    outcomes.append(
-                        FencedError(
-                            f"fence {pending.fence} is superseded by fence {state.fence} "
-                            f"of session {pending.uid}"
-                        )
-                    )
-                    continue
-                records: list[common_pb2.LogRecord] = []
-                for event, payload, canonical in zip(
-                    pending.events, pending.payloads, pending.canonical, strict=True
-                ):
-                    seq = state.last_seq + 1
-                    digest = chain_hash(canonical, state.last_hash, seq)
-                    record = common_pb2.LogRecord(
-                        seq=seq,
-                        prev_hash=state.last_hash,
-                        content_hash=digest,
-                        fence=fence,
-                    )
-                    record.event.CopyFrom(event)
-                    rows.add(pending.uid, record, payload)
-                    records.append(record)
-                    state.last_seq = seq
-                    state.last_hash = digest
-                    state.compute_state = project_compute_state(state.compute_state, event)
-                    state.dirty = True
-                outcomes.append(records)
-            if any(s.dirty for s in states.values()):
-                touched = [(u, s) for u, s in states.items() if s.dirty]
-                # One round trip writes the records and moves the heads.
-                await conn.execute(
-                    _APPEND_ROWS,
-                    rows.rows_session,
-                    rows.rows_seq,
-                    rows.rows_prev,
-                    rows.rows_hash,
-                    rows.rows_fence,
-                    rows.rows_event,
-                    [u for u, _ in touched],
-                    [s.last_seq for _, s in touched],
-                    [s.last_hash for _, s in touched],
-                    [s.compute_state for _, s in touched],
-                    now,
-                    [s.fence for _, s in touched],
-                )
-        return outcomes
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
-        start = max(1, from_seq)
-        async with self._conn("read") as conn:
-            recs = await conn.fetch(_RESOLVED, uid, start, max(0, to_seq))
-        return [_log_record(r) for r in recs]
-
-    async def head(self, uid: str) -> Head:
-        async with self._conn("head") as conn:
-            rec = await conn.fetchrow("SELECT last_seq, last_hash FROM sessions WHERE uid = $1", uid)
-        if rec is None:
-            return Head(seq=0, hash="")
-        return Head(seq=int(rec["last_seq"]), hash=str(rec["last_hash"]))
-
-    async def verify(self, uid: str) -> int:
-        checked = 0
-        prev = ""
-        async with self._conn("verify") as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-            head = await conn.fetchrow("SELECT last_seq, last_hash FROM sessions WHERE uid = $1", uid)
-            cursor = conn.cursor(_RESOLVED, uid, 1, 0, prefetch=VERIFY_CHUNK)
-            async for r in cursor:
-                seq = int(r["seq"])
-                checked += 1
-                if seq != checked:
-                    raise TamperedError(uid, checked, f"seq {checked} is missing (next stored seq is {seq})")
-                if r["prev_hash"] != prev:
-                    raise TamperedError(uid, seq, "prev_hash does not link to the previous record")
-                try:
-                    event = common_pb2.Event.FromString(r["event"])
-                except Exception:
-                    raise TamperedError(uid, seq, "stored event does not decode") from None
-                if content_hash(event, prev, seq) != r["hash"]:
-                    raise TamperedError(uid, seq, "content_hash does not match the recomputed hash")
-                prev = r["hash"]
-        if head is not None and (int(head["last_seq"]), str(head["last_hash"])) != (checked, prev):
-            raise TamperedError(
-                uid,
-                checked + 1 if int(head["last_seq"]) > checked else int(head["last_seq"]),
-                f"session head says seq {head['last_seq']} but the journal ends at seq {checked}",
-            )
-        return checked
-
-    # -- fork --------------------------------------------------------------------------------
-
-    async def fork(
-        self,
-        parent_uid: str,
-        at_seq: int,
-        children: Sequence[SessionRow],
-        marker: common_pb2.Event,
-    ) -> list[SessionRow]:
-        if not children:
-            return []
-        require_distinct_uids(children)
-        uids = [c.uid for c in children]
-        now = _now_ns()
-        marker = normalize_event(marker)
-        marker_payload = marker.SerializeToString(deterministic=True)
-        async with self._conn("fork") as conn, conn.transaction():
-            # FOR SHARE: the parent cannot be deleted or purged while children come to share
-            # its prefix (appends beyond at_seq do not matter: the prefix never changes).
-            parent = await conn.fetchrow(
-                """
-                SELECT last_seq, base_uid, base_seq FROM sessions
-                WHERE uid = $1 AND deleted_at IS NULL FOR SHARE
-                """,
-                parent_uid,
-            )
-            if parent is None:
-                raise SessionNotFoundError(f"session {parent_uid} not found")
-            head = int(parent["last_seq"])
-            if at_seq < 0 or at_seq > head:
-                raise ConflictError(f"fork at_seq {at_seq} is beyond head {head} of session {parent_uid}")
-            prev = ""
-            if at_seq > 0:
-                found = await conn.fetchrow(_RESOLVED, parent_uid, at_seq, at_seq)
-                if found is None:
-                    raise TamperedError(parent_uid, at_seq, "record is missing")
-                prev = str(found["hash"])
-            # Children share the prefix instead of copying it. A prefix that lies wholly in
-            # the parent's own base is taken from there, keeping base chains short.
-            base_uid = parent_uid
-            if 0 < at_seq <= int(parent["base_seq"]):
-                base_uid = str(parent["base_uid"])
-            if at_seq == 0:
-                base_uid = ""
-            marker_seq = at_seq + 1
-            digest = chain_hash(canonical_event(marker), prev, marker_seq)
-            marker_state = project_compute_state(COMPUTE_NONE, marker)
-            taken = await conn.fetchval("SELECT uid FROM sessions WHERE uid = ANY($1::text[]) LIMIT 1", uids)
-            if taken is not None:
-                raise SessionExistsError(f"session {taken} already exists")
-            stored = [
-                dataclasses.replace(
-                    child,
-                    parent_uid=parent_uid,
-                    fork_seq=at_seq,
-                    create_time_ns=child.create_time_ns or now,
-                    update_time_ns=now,
-                    compute_state=marker_state,
-                    last_seq=marker_seq,
-                )
-                for child in children
-            ]
-            columns = list(zip(*(_row_params(r) for r in stored), strict=True))
-            try:
-                await conn.execute(
-                    """
-                    INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
-                        origin, identity, parent_uid, fork_seq, created_at, updated_at,
-                        compute_state, last_seq, last_hash, base_uid, base_seq)
-                    SELECT u.*, $13, $14, $15, $16, $17, $18 FROM unnest(
-                        $1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
-                        $7::jsonb[], $8::bytea[], $9::bytea[], $10::text[], $11::bigint[], $12::bigint[]
-                    ) AS u
-                    """,
-                    *(list(c) for c in columns),
-                    [r.create_time_ns for r in stored],
-                    now,
-                    marker_state,
-                    marker_seq,
-                    digest,
-                    base_uid,
-                    at_seq,
-                )
-            except asyncpg.UniqueViolationError:
-                raise SessionExistsError("a fork child uid was taken concurrently") from None
-            n = len(uids)
-            await conn.execute(
-                _INSERT_EVENTS,
-                uids,
-                [marker_seq] * n,
-                [prev] * n,
-                [digest] * n,
-                [0] * n,
-                [marker_payload] * n,
-            )
-        return stored
-
-    # -- harness registry --------------------------------------------------------------------
-
-    async def put_harness(self, registration: harness_registry_pb2.HarnessRegistration) -> None:
-        name = registration.metadata.name
-        if not name:
-            raise StoreError("put_harness: registration has no metadata.name")
-        async with self._conn("put harness") as conn:
-            await conn.execute(
-                """
-                INSERT INTO harnesses (name, registration, updated_at) VALUES ($1, $2, $3)
-                ON CONFLICT (name) DO UPDATE
-                SET registration = EXCLUDED.registration, updated_at = EXCLUDED.updated_at
-                """,
-                name,
-                registration.SerializeToString(deterministic=True),
-                _now_ns(),
-            )
-
-    async def get_harness(self, name: str) -> harness_registry_pb2.HarnessRegistration | None:
-        async with self._conn("get harness") as conn:
-            blob = await conn.fetchval("SELECT registration FROM harnesses WHERE name = $1", name)
-        if blob is None:
-            return None
-        return harness_registry_pb2.HarnessRegistration.FromString(blob)
-
-    async def list_harnesses(self) -> list[harness_registry_pb2.HarnessRegistration]:
-        async with self._conn("list harnesses") as conn:
-            recs = await conn.fetch("SELECT registration FROM harnesses ORDER BY name")
-        return [harness_registry_pb2.HarnessRegistration.FromString(r["registration"]) for r in recs]
-
-    # -- tool receipts -----------------------------------------------------------------------
-
-    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> common_pb2.ToolResult | None:
-        async with self._conn("get tool receipt") as conn:
-            blob = await conn.fetchval(
-                "SELECT result FROM tool_receipts WHERE session = $1 AND idempotency_key = $2",
-                uid,
-                idempotency_key,
-            )
-        return None if blob is None else common_pb2.ToolResult.FromString(blob)
-
-    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
-        async with self._conn("put tool receipt") as conn:
-            await conn.execute(
-                """
-                INSERT INTO tool_receipts (session, idempotency_key, result, created_at)
-                VALUES ($1, $2, $3, $4) ON CONFLICT (session, idempotency_key) DO NOTHING
-                """,
-                uid,
-                idempotency_key,
-                result.SerializeToString(deterministic=True),
-                _now_ns(),
-            )
-
-    # -- tooling -----------------------------------------------------------------------------
-
-    async def session_uids(self) -> list[str]:
-        async with self._conn("list session uids") as conn:
-            recs = await conn.fetch(
-                "SELECT uid FROM sessions UNION SELECT DISTINCT session FROM events ORDER BY 1"
-            )
-        return [str(r[0]) for r in recs]
-
-    async def import_records(self, row: SessionRow, records: Sequence[common_pb2.LogRecord]) -> SessionRow:
-        """Create ``row`` holding ``records`` verbatim (stored hashes and fences), atomically.
-
-        The caller verifies the chain first; this only checks that seqs run 1..n and link."""
-        state, max_fence = imported_chain_state(row.uid, records)
-        now = _now_ns()
-        created = row.create_time_ns or now
-        async with self._conn("import") as conn, conn.transaction():
-            try:
-                await conn.execute(
-                    """
-                    INSERT INTO sessions (uid, project, name, harness, model, labels, annotations,
-                        origin, identity, parent_uid, fork_seq, created_at, updated_at,
-                        compute_state, last_seq, last_hash, fence)
-                    VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $12, $13,
-                        $14, $15, $16, $17)
-                    """,
-                    *_row_params(row),
-                    created,
-                    now,
-                    state,
-                    len(records),
-                    records[-1].content_hash if records else "",
-                    max_fence,
-                )
-            except asyncpg.UniqueViolationError:
-                raise SessionExistsError(f"session {row.uid} already exists") from None
-            if records:
-                await conn.execute(
-                    _INSERT_EVENTS,
-                    [row.uid] * len(records),
-                    [r.seq for r in records],
-                    [r.prev_hash for r in records],
-                    [r.content_hash for r in records],
-                    [r.fence for r in records],
-                    [r.event.SerializeToString(deterministic=True) for r in records],
-                )
-        return dataclasses.replace(
-            row, create_time_ns=created, update_time_ns=now, compute_state=state, last_seq=len(records)
-        )
-
-
-_RETRYABLE: Final = (
-    asyncpg.UniqueViolationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.SerializationError,
-)
+        self._check_open("read schema version")
+        return await self._postgres.schema_version()
 
 
 async def _unshare(conn: Any, uid: str) -> None:
@@ -987,15 +586,6 @@ async def _reset_connection(conn: Any) -> None:
     release, is replaced by ending a transaction an interrupted caller left open."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
-
-
-def _settle(pending: _PendingAppend, outcome: list[common_pb2.LogRecord] | BaseException) -> None:
-    if pending.future.done():
-        return
-    if isinstance(outcome, BaseException):
-        pending.future.set_exception(outcome)
-    else:
-        pending.future.set_result(outcome)
 
 
 async def _migrate(conn: Any, shown: str, *, apply: bool) -> None:
@@ -1080,7 +670,8 @@ def _json_map(value: Mapping[str, str]) -> str:
     return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
 
 
-def _row_params(row: SessionRow) -> tuple[Any, ...]:
+def _row_params(new: NewSession) -> tuple[Any, ...]:
+    row = new.row
     return (
         row.uid,
         row.project,
@@ -1093,6 +684,12 @@ def _row_params(row: SessionRow) -> tuple[Any, ...]:
         None if row.identity is None else row.identity.SerializeToString(deterministic=True),
         row.parent_uid,
         row.fork_seq,
+        row.create_time_ns,
+        row.update_time_ns,
+        row.compute_state,
+        new.fence,
+        row.last_seq,
+        new.last_hash,
     )
 
 

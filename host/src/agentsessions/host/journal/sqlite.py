@@ -1,64 +1,55 @@
-"""SQLite journal store (aiosqlite): the embedded default.
+"""SQLite journal store: the embedded default, a dialect of ``engine.DialectStore``.
 
-One writer connection and one reader connection per store, WAL mode. Every write goes through a
-single writer task that groups whatever is queued into one ``BEGIN IMMEDIATE`` transaction per
-flush (group commit): one fsync makes a whole batch of appends, across sessions, durable. Each
-caller returns only after its batch committed. Heads and fences are read inside the transaction,
-so several stores (or processes) on one file stay single-writer safe; a CAS or fence failure fails
-only that append, a failed commit fails every operation of its batch.
+Three connections, each used only on a thread of its own: the writer, a reader for ordinary
+reads and a scanner for ``verify`` (one consistent snapshot per verify, without holding up the
+reader), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
+transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
+batch of appends, across sessions, durable, and the event loop hands off once per batch.
 
-The ``events`` table keeps the reference layout (spec 3.5) so external verifiers can read it.
+The write lock makes several stores (or processes) on one file single-writer safe. The writer
+keeps the heads it wrote or read in the engine's head cache, so an append to a session it owns
+reads nothing before writing; SQLite's ``PRAGMA data_version``, read at the start of each
+transaction, says whether any other connection committed since the writer's previous one, and
+only then are heads read from the file again (under the lock).
+
+A fork child does not copy its parent's prefix: its records 1..fork_seq are read through the
+parent (spec 3.1 still holds for what ``read`` returns: identical records, identical hashes), and
+purging a session first copies into its children the rows they share with it. The ``events``
+table keeps the reference layout (spec 3.5); ``agentsessions journal export`` writes every session
+fully materialized, so external verifiers read an exported journal session by session.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import json
+import queue
 import sqlite3
+import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
-import aiosqlite
-
-from agentsessions.host.journal import (
-    clamp_page_size,
-    decode_page_token,
-    encode_page_token,
-    imported_chain_state,
-    project_compute_state,
-    require_distinct_uids,
-)
-from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
-from agentsessions.host.journal.store import (
-    COMPUTE_NONE,
-    ConflictError,
-    FencedError,
-    Head,
-    SchemaError,
-    SessionExistsError,
-    SessionNotFoundError,
-    SessionRow,
-    StoreError,
-    TamperedError,
-)
-from agentsessions.v1 import common_pb2, harness_registry_pb2
+from agentsessions.host.journal.dialect import BatchFailure
+from agentsessions.host.journal.engine import DEFAULT_MAX_BATCH, DialectStore, WriterStats
+from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.store import ConflictError, SchemaError, SessionRow, StoreError
+from agentsessions.v1 import common_pb2
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore", "WriterStats"]
 
 # Stamped in the database header so a foreign SQLite file is told apart from a journal.
 APPLICATION_ID: Final = 0x4153_4A4C  # "ASJL"
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
-DEFAULT_MAX_BATCH: Final = 1024
-VERIFY_CHUNK: Final = 4096
 _WAL_ATTEMPTS: Final = 50
+# Bounded IN lists keep the statement cache small and stay far below SQLite's variable limit.
+_IN_CHUNK: Final = 64
+# Fork bases a read follows at most (a base chain is as deep as forks of forks go).
+_MAX_BASE_DEPTH: Final = 10_000
 
 # Append-only: schema version N is reached by applying _MIGRATIONS[N - 1] to version N - 1.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -128,12 +119,45 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             )
         """,
     ),
+    # 3: fork children share their parent's prefix instead of copying it. A session's records
+    # 1..base_seq are those of base_uid (resolved recursively); the events table holds only its
+    # own records, seq > base_seq. Children forked by version 2 held full copies: each copy that
+    # is identical to its parent's records is dropped and the child pointed at the parent (a
+    # copy that differs, or whose parent's records are gone, is kept and stays the child's own).
+    (
+        "ALTER TABLE sessions ADD COLUMN base_uid TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE sessions ADD COLUMN base_seq INTEGER NOT NULL DEFAULT 0",
+        """
+        CREATE TEMP TABLE shared_prefixes AS
+        SELECT c.session AS uid, c.parent_uid AS parent, c.fork_seq AS upto
+        FROM sessions AS c JOIN sessions AS p ON p.session = c.parent_uid
+        WHERE c.fork_seq > 0
+          AND (SELECT count(*) FROM events AS ce
+               JOIN events AS pe ON pe.session = c.parent_uid AND pe.seq = ce.seq
+                   AND pe.prev_hash = ce.prev_hash AND pe.hash = ce.hash AND pe.fence = ce.fence
+                   AND pe.event = ce.event
+               WHERE ce.session = c.session AND ce.seq <= c.fork_seq) = c.fork_seq
+        """,
+        """
+        UPDATE sessions SET
+            base_uid = (SELECT parent FROM shared_prefixes WHERE uid = sessions.session),
+            base_seq = (SELECT upto FROM shared_prefixes WHERE uid = sessions.session)
+        WHERE session IN (SELECT uid FROM shared_prefixes)
+        """,
+        """
+        DELETE FROM events WHERE EXISTS (
+            SELECT 1 FROM shared_prefixes AS s WHERE s.uid = events.session AND events.seq <= s.upto
+        )
+        """,
+        "DROP TABLE temp.shared_prefixes",
+        "CREATE INDEX sessions_base ON sessions(base_uid) WHERE base_uid <> ''",
+    ),
 )
+
 
 _ROW_COLUMNS: Final = (
     "session, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
-    "fork_seq, created_at, updated_at, compute_state, "
-    "(SELECT COALESCE(MAX(seq), 0) FROM events WHERE events.session = sessions.session)"
+    "fork_seq, created_at, updated_at, compute_state, last_seq"
 )
 _INSERT_ROW: Final = (
     "INSERT INTO sessions (session, project, name, harness, model, labels, annotations, origin, identity, "
@@ -143,13 +167,13 @@ _INSERT_ROW: Final = (
 _INSERT_EVENT: Final = (
     "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)"
 )
-_UPDATE_HEAD: Final = (
-    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ?, "
-    "fence = MAX(fence, ?) WHERE session = ?"
+_MOVE_HEAD: Final = (
+    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ?, fence = ? "
+    "WHERE session = ?"
 )
+_HEAD: Final = "SELECT deleted, fence, compute_state, last_seq, last_hash FROM sessions WHERE session = ?"
 
 _T = TypeVar("_T")
-_Db = aiosqlite.Connection
 
 
 # -- row encoding ------------------------------------------------------------------------------
@@ -159,16 +183,8 @@ def _json_map(value: Mapping[str, str]) -> str:
     return json.dumps(dict(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _row_params(
-    row: SessionRow,
-    *,
-    created: int,
-    updated: int,
-    state: str,
-    fence: int,
-    last_seq: int = 0,
-    last_hash: str = "",
-) -> tuple[Any, ...]:
+def _row_params(new: NewSession) -> tuple[Any, ...]:
+    row = new.row
     return (
         row.uid,
         row.project,
@@ -181,12 +197,12 @@ def _row_params(
         None if row.identity is None else row.identity.SerializeToString(),
         row.parent_uid,
         row.fork_seq,
-        created,
-        updated,
-        state,
-        fence,
-        last_seq,
-        last_hash,
+        row.create_time_ns,
+        row.update_time_ns,
+        row.compute_state,
+        new.fence,
+        row.last_seq,
+        new.last_hash,
     )
 
 
@@ -216,89 +232,443 @@ def _log_record(rec: Sequence[Any]) -> common_pb2.LogRecord:
     return out
 
 
-# -- queued writes -----------------------------------------------------------------------------
+def _chunks(items: Sequence[str]) -> list[Sequence[str]]:
+    return [items[i : i + _IN_CHUNK] for i in range(0, len(items), _IN_CHUNK)]
 
 
-@dataclass
-class WriterStats:
-    """What the writer has committed so far: appends and events made durable, and transactions
-    (appends per commit shows how well concurrent appends group)."""
-
-    commits: int = 0
-    appends: int = 0
-    events: int = 0
-    failed_commits: int = 0
+# -- connections -------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class _Append:
-    """One append waiting for the writer: the work that needs no lock is already done."""
+class _Connection:
+    """A sqlite3 connection and the one thread it is used on.
 
-    uid: str
-    events: list[common_pb2.Event]
-    blobs: list[bytes]
-    canonical: list[bytes]
-    expected_head: int
-    fence: int
-    future: asyncio.Future[tuple[list[tuple[int, str, str]], int]]
-    mint: bool = False
+    The thread is a daemon: a process that ends without closing its store stops it mid-write,
+    which SQLite survives as it survives kill -9 (the transaction is rolled back on next open)."""
+
+    def __init__(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        self._jobs = jobs
+        self.db: sqlite3.Connection | None = None
+
+    @classmethod
+    async def open(cls, path: str, busy_timeout_ms: int, role: str) -> _Connection:
+        jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        name = f"agentsessions-sqlite-{role}"
+        threading.Thread(target=_serve, args=(jobs,), name=name, daemon=True).start()
+        connection = cls(jobs)
+        try:
+            connection.db = await connection._call(_connect, path, busy_timeout_ms)
+        except sqlite3.Error as exc:
+            jobs.put(None)
+            raise SchemaError(f"cannot open SQLite journal {path}: {exc}") from None
+        return connection
+
+    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        self._jobs.put((loop, future, work, args))
+        return await future
+
+    async def run(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(connection, *args)`` on the connection's thread."""
+        return await self._call(work, self.db, *args)
+
+    async def close(self) -> None:
+        try:
+            if self.db is not None:
+                await self.run(sqlite3.Connection.close)
+        finally:
+            self._jobs.put(None)
 
 
-@dataclass(eq=False)
-class _Op(Generic[_T]):
-    """Any other write, applied in order inside the batch transaction. ``apply`` checks every
-    precondition before its first write, so a domain error leaves nothing behind. ``on_thread``,
-    when set, is the same write as plain statements for the connection's thread."""
-
-    apply: Callable[[_Db], Awaitable[_T]]
-    future: asyncio.Future[_T]
-    on_thread: Callable[[sqlite3.Connection], _T] | None = None
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
-@dataclass
-class _Head:
-    """A session as the appends of one transaction see it (updated as they are applied)."""
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """A connection's thread: run each job in order, hand its outcome to the job's event loop."""
+    while (job := jobs.get()) is not None:
+        loop, future, work, args = job
+        try:
+            outcome, failed = work(*args), False
+        except BaseException as exc:  # handed to the waiting coroutine, whatever it is
+            outcome, failed = exc, True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(_hand_over, future, outcome, failed)
 
-    exists: bool
-    deleted: bool
-    fence: int
-    compute_state: str
-    seq: int
-    hash: str
-    touched: bool = False
 
-
-def _settle(future: asyncio.Future[Any], outcome: Any, error: BaseException | None) -> None:
-    if future.done():  # the caller gave up waiting; the write stands regardless
+def _hand_over(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
+    if future.done():  # the caller was cancelled; the work stands regardless
         return
-    if error is not None:
-        future.set_exception(error)
+    if failed:
+        future.set_exception(outcome)
     else:
         future.set_result(outcome)
 
 
-async def _connect(path: str, busy_timeout_ms: int) -> _Db:
+def _connect(path: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    # Autocommit mode (isolation_level None): transactions are spelled out as statements.
+    return sqlite3.connect(
+        path, isolation_level=None, timeout=busy_timeout_ms / 1000, check_same_thread=False
+    )
+
+
+def run_without_suspending(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine that awaits only calls that never suspend, to its end, here and now.
+
+    The engine's batch program is a coroutine so that PostgreSQL can await its statements;
+    SQLite's statements are plain calls, so the whole program runs on the writer's thread."""
     try:
-        return await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000)
-    except sqlite3.Error as exc:
-        raise SchemaError(f"cannot open SQLite journal {path}: {exc}") from None
+        coro.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("a SQLite write transaction awaited something that suspends")
 
 
-class SqliteStore:
+# -- a session's records, shared along its fork bases -------------------------------------------
+
+
+def _base(db: sqlite3.Connection, uid: str) -> tuple[str, int]:
+    rec = db.execute("SELECT base_uid, base_seq FROM sessions WHERE session = ?", (uid,)).fetchone()
+    return ("", 0) if rec is None or not rec[0] else (str(rec[0]), int(rec[1]))
+
+
+def _segments(db: sqlite3.Connection, uid: str) -> list[tuple[str, int, int | None]]:
+    """Where a session's records are stored, newest first: (owner, lo, hi) says the owner's rows
+    with lo < seq <= hi (hi None: unbounded, so rows stored beyond the head are still seen)."""
+    segments: list[tuple[str, int, int | None]] = []
+    owner, hi = uid, None
+    base_uid, base_seq = _base(db, owner)
+    lo = base_seq
+    segments.append((owner, lo, hi))
+    while base_uid and lo > 0 and len(segments) < _MAX_BASE_DEPTH:
+        owner, hi = base_uid, lo
+        base_uid, base_seq = _base(db, owner)
+        lo = min(base_seq, hi)
+        segments.append((owner, lo, hi))
+    return segments
+
+
+_OWN_ROWS: Final = (
+    "SELECT seq, prev_hash, hash, fence, event FROM events "
+    "WHERE session = ? AND seq > ? AND seq <= ? ORDER BY seq"
+)
+_UNBOUNDED: Final = 1 << 62
+
+
+def _resolved(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> list[Any]:
+    """(seq, prev_hash, hash, fence, event) of the session's records from_seq..to_seq (to_seq 0:
+    no bound), wherever along its bases they are stored, in seq order."""
+    top = to_seq if to_seq > 0 else _UNBOUNDED
+    rows: list[Any] = []
+    for owner, lo, hi in reversed(_segments(db, uid)):
+        low = max(lo, from_seq - 1)
+        high = top if hi is None else min(hi, top)
+        if low < high:
+            rows.extend(db.execute(_OWN_ROWS, (owner, low, high)))
+    return rows
+
+
+# -- the writer's transaction ------------------------------------------------------------------
+
+
+class _Transaction:
+    """Statements on the writer connection, inside its BEGIN IMMEDIATE transaction."""
+
+    def __init__(self, dialect: _SqliteDialect, db: sqlite3.Connection) -> None:
+        self._dialect = dialect
+        self._db = db
+
+    async def foreign_writes(self) -> bool:
+        # data_version moves only when another connection commits: this writer's cache holds.
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        changed = version != self._dialect.data_version
+        self._dialect.data_version = version
+        return changed
+
+    async def heads(self, uids: Sequence[str]) -> dict[str, SessionHead]:
+        out: dict[str, SessionHead] = {}
+        for uid in uids:
+            rec = self._db.execute(_HEAD, (uid,)).fetchone()
+            if rec is None:
+                out[uid] = SessionHead(uid)
+            else:
+                out[uid] = SessionHead(uid, True, bool(rec[0]), rec[1], rec[2], rec[3], rec[4])
+        return out
+
+    async def append_rows(
+        self, rows: Sequence[StoredRecord], moved: Sequence[SessionHead], now_ns: int
+    ) -> None:
+        db = self._db
+        db.executemany(
+            _INSERT_EVENT, [(r.session, r.seq, r.prev_hash, r.hash, r.fence, r.event) for r in rows]
+        )
+        db.executemany(_MOVE_HEAD, [(h.compute_state, now_ns, h.seq, h.hash, h.fence, h.uid) for h in moved])
+
+    async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
+        self._db.executemany(_INSERT_ROW, [_row_params(s) for s in sessions])
+
+    async def insert_session_if_new(self, session: NewSession) -> bool:
+        return (
+            self._db.execute(_INSERT_ROW + " ON CONFLICT (session) DO NOTHING", _row_params(session)).rowcount
+            == 1
+        )
+
+    async def taken(self, uids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for chunk in _chunks(uids):
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                r[0]
+                for r in self._db.execute(f"SELECT session FROM sessions WHERE session IN ({marks})", chunk)
+            )
+        return found
+
+    async def live_row(self, uid: str) -> SessionRow | None:
+        rec = self._db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE session = ? AND deleted = 0", (uid,)
+        ).fetchone()
+        return None if rec is None else _row_from(rec)
+
+    async def mark_deleted(self, uid: str, now_ns: int) -> None:
+        self._db.execute("UPDATE sessions SET deleted = 1, updated_at = ? WHERE session = ?", (now_ns, uid))
+
+    async def purge(self, uid: str) -> None:
+        db = self._db
+        _unshare(db, uid)
+        db.execute(
+            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 WHERE session = ?",
+            (uid,),
+        )
+        db.execute("DELETE FROM events WHERE session = ?", (uid,))
+        db.execute("DELETE FROM tool_receipts WHERE session = ?", (uid,))
+
+    async def record_at(self, uid: str, seq: int) -> tuple[int, str] | None:
+        rows = _resolved(self._db, uid, seq, seq)
+        return (int(rows[0][0]), str(rows[0][2])) if rows else None
+
+    async def share_prefix(self, children: Sequence[str], parent_uid: str, at_seq: int) -> None:
+        # A prefix that lies wholly in the parent's own base is taken from there, keeping base
+        # chains short.
+        base_uid, base_seq = _base(self._db, parent_uid)
+        owner = "" if at_seq == 0 else base_uid if base_uid and at_seq <= base_seq else parent_uid
+        self._db.executemany(
+            "UPDATE sessions SET base_uid = ?, base_seq = ? WHERE session = ?",
+            [(owner, at_seq if owner else 0, uid) for uid in children],
+        )
+
+    async def put_harness(self, name: str, registration: bytes, now_ns: int) -> None:
+        self._db.execute(
+            "INSERT INTO harnesses (name, registration, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET registration = excluded.registration, "
+            "updated_at = excluded.updated_at",
+            (name, registration, now_ns),
+        )
+
+    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: bytes, now_ns: int) -> None:
+        self._db.execute(
+            "INSERT INTO tool_receipts (session, idempotency_key, result, created_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (session, idempotency_key) DO NOTHING",
+            (uid, idempotency_key, result, now_ns),
+        )
+
+
+def _unshare(db: sqlite3.Connection, uid: str) -> None:
+    """Before ``uid``'s own rows are dropped, copy the part each session based on it shares into
+    that session, and rebase it onto ``uid``'s own base."""
+    own_base, own_from = _base(db, uid)
+    dependents = db.execute("SELECT session, base_seq FROM sessions WHERE base_uid = ?", (uid,)).fetchall()
+    for dependent, upto in dependents:
+        db.execute(
+            "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
+            "SELECT ?, seq, prev_hash, hash, fence, event FROM events "
+            "WHERE session = ? AND seq > ? AND seq <= ?",
+            (dependent, uid, own_from, upto),
+        )
+        rebased = min(int(upto), own_from)
+        db.execute(
+            "UPDATE sessions SET base_uid = ?, base_seq = ? WHERE session = ?",
+            (own_base if rebased > 0 else "", rebased if own_base else 0, dependent),
+        )
+
+
+def _transact(db: sqlite3.Connection, dialect: _SqliteDialect, body: Callable[[_Transaction], Any]) -> Any:
+    """On the writer's thread: BEGIN IMMEDIATE, the body, COMMIT (rolled back if any of it fails)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = run_without_suspending(body(_Transaction(dialect, db)))
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+    return result
+
+
+# -- reads (each one trip to the reader's thread) ----------------------------------------------
+
+
+def _get_row(db: sqlite3.Connection, uid: str) -> SessionRow | None:
+    rec = db.execute(
+        f"SELECT {_ROW_COLUMNS} FROM sessions WHERE session = ? AND deleted = 0", (uid,)
+    ).fetchone()
+    return None if rec is None else _row_from(rec)
+
+
+def _list_rows(
+    db: sqlite3.Connection, project: str, after: tuple[int, str] | None, limit: int
+) -> list[SessionRow]:
+    if after is None:
+        recs = db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
+            "ORDER BY created_at DESC, session ASC LIMIT ?",
+            (project, limit),
+        ).fetchall()
+    else:
+        recs = db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
+            "AND (created_at < ? OR (created_at = ? AND session > ?)) "
+            "ORDER BY created_at DESC, session ASC LIMIT ?",
+            (project, after[0], after[0], after[1], limit),
+        ).fetchall()
+    return [_row_from(r) for r in recs]
+
+
+def _read(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
+    # One read transaction: a purge moving shared rows meanwhile cannot tear the result.
+    db.execute("BEGIN")
+    try:
+        return [_log_record(r) for r in _resolved(db, uid, from_seq, to_seq)]
+    finally:
+        db.execute("COMMIT")
+
+
+def _anchor(db: sqlite3.Connection, uid: str) -> tuple[int, str] | None:
+    rec = db.execute("SELECT last_seq, last_hash FROM sessions WHERE session = ?", (uid,)).fetchone()
+    return None if rec is None else (int(rec[0]), str(rec[1]))
+
+
+def _verify_scan(db: sqlite3.Connection, uid: str, check: ChainCheck) -> tuple[int, str] | None:
+    # One read transaction: the anchor and the records come from the same snapshot.
+    db.execute("BEGIN")
+    try:
+        anchor = _anchor(db, uid)
+        for owner, lo, hi in reversed(_segments(db, uid)):
+            for seq, prev_hash, digest, _fence, blob in db.execute(
+                _OWN_ROWS, (owner, lo, _UNBOUNDED if hi is None else hi)
+            ):
+                check.feed(seq, prev_hash, digest, blob)
+    finally:
+        db.execute("COMMIT")
+    return anchor
+
+
+def _fetch_all(db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    return db.execute(sql, params).fetchall()
+
+
+# -- the dialect -------------------------------------------------------------------------------
+
+
+class _SqliteDialect:
+    immediate: Final = False
+    max_in_flight: Final = 1
+
+    def __init__(self, path: str, writer: _Connection, reader: _Connection, scanner: _Connection) -> None:
+        self.path = path
+        self.writer = writer
+        self._reader = reader
+        self._scanner = scanner
+        # PRAGMA data_version in the writer's last transaction (None: before the first).
+        self.data_version: int | None = None
+
+    async def transaction(self, body: Callable[[_Transaction], Awaitable[_T]]) -> _T:
+        result: _T = await self.writer.run(_transact, self, body)
+        return result
+
+    def batch_failure(self, exc: Exception) -> BatchFailure:
+        if isinstance(exc, sqlite3.IntegrityError):
+            # A row already there: another writer won it, or the file was edited behind our back.
+            return BatchFailure(ConflictError, f"journal write lost to a concurrent writer: {exc}", True)
+        if isinstance(exc, sqlite3.Error):
+            return BatchFailure(StoreError, f"journal write failed: {exc}")
+        return BatchFailure(StoreError, f"journal write failed: {exc!r}")
+
+    async def _read(self, what: str, work: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return await self._reader.run(work, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{what} failed: {exc}") from exc
+
+    async def get_row(self, uid: str) -> SessionRow | None:
+        return await self._read("get session", _get_row, uid)
+
+    async def list_rows(self, project: str, after: tuple[int, str] | None, limit: int) -> list[SessionRow]:
+        return await self._read("list sessions", _list_rows, project, after, limit)
+
+    async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
+        return await self._read("read", _read, uid, from_seq, to_seq)
+
+    async def anchor(self, uid: str) -> tuple[int, str] | None:
+        return await self._read("head", _anchor, uid)
+
+    async def verify_scan(self, uid: str, check: ChainCheck) -> tuple[int, str] | None:
+        try:
+            return await self._scanner.run(_verify_scan, uid, check)
+        except sqlite3.Error as exc:
+            raise StoreError(f"verify failed: {exc}") from exc
+
+    async def session_uids(self) -> list[str]:
+        recs = await self._read(
+            "list session uids",
+            _fetch_all,
+            "SELECT session FROM sessions UNION SELECT session FROM events ORDER BY 1",
+            (),
+        )
+        return [str(r[0]) for r in recs]
+
+    async def get_harness(self, name: str) -> bytes | None:
+        recs = await self._read(
+            "get harness", _fetch_all, "SELECT registration FROM harnesses WHERE name = ?", (name,)
+        )
+        return bytes(recs[0][0]) if recs else None
+
+    async def list_harnesses(self) -> list[bytes]:
+        recs = await self._read(
+            "list harnesses", _fetch_all, "SELECT registration FROM harnesses ORDER BY name", ()
+        )
+        return [bytes(r[0]) for r in recs]
+
+    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> bytes | None:
+        recs = await self._read(
+            "get tool receipt",
+            _fetch_all,
+            "SELECT result FROM tool_receipts WHERE session = ? AND idempotency_key = ?",
+            (uid, idempotency_key),
+        )
+        return bytes(recs[0][0]) if recs else None
+
+    async def pragma(self, name: str) -> int:
+        rows = await self.writer.run(_fetch_all, f"PRAGMA {name}", ())
+        return int(rows[0][0])
+
+    async def schema_version(self) -> int:
+        rows = await self._read("read schema version", _fetch_all, "PRAGMA user_version", ())
+        return int(rows[0][0])
+
+    async def close(self) -> None:
+        for connection in (self.writer, self._reader, self._scanner):
+            with contextlib.suppress(sqlite3.Error):
+                await connection.close()
+
+
+class SqliteStore(DialectStore):
     """JournalStore on one SQLite file. Create with ``await SqliteStore.open(path)``."""
 
-    def __init__(self, path: str, writer: _Db, reader: _Db, *, max_batch: int) -> None:
-        self.path = path
-        self._w = writer
-        self._r = reader
-        self._max_batch = max(1, max_batch)
-        self._pending: collections.deque[_Append | _Op[Any]] = collections.deque()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._writer_task: asyncio.Task[None] | None = None
-        self.stats = WriterStats()
-
-    # -- lifecycle ---------------------------------------------------------------------------
+    def __init__(self, dialect: _SqliteDialect, *, max_batch: int) -> None:
+        super().__init__(dialect, max_batch=max_batch)
+        self._sqlite = dialect
+        self.path = dialect.path
 
     @classmethod
     async def open(
@@ -320,750 +690,82 @@ class SqliteStore:
                 f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, got {synchronous!r}"
             )
         where = str(path)
-        writer = await _connect(where, busy_timeout_ms)
-        reader: _Db | None = None
+        opened: list[_Connection] = []
         try:
-            await _prepare(writer, where, mode)
-            reader = await _connect(where, busy_timeout_ms)
-            await reader.execute("PRAGMA query_only = ON")
+            writer = await _Connection.open(where, busy_timeout_ms, "writer")
+            opened.append(writer)
+            await writer.run(_prepare, where, mode)
+            for role in ("reader", "scanner"):
+                connection = await _Connection.open(where, busy_timeout_ms, role)
+                opened.append(connection)
+                await connection.run(_fetch_all, "PRAGMA query_only = ON", ())
         except BaseException:
-            await writer.close()
-            if reader is not None:
-                await reader.close()
+            for connection in opened:
+                with contextlib.suppress(sqlite3.Error):
+                    await connection.close()
             raise
-        store = cls(where, writer, reader, max_batch=max_batch)
-        store._writer_task = asyncio.get_running_loop().create_task(store._write_loop())
-        return store
-
-    async def close(self) -> None:
-        """Commit everything already queued, then close both connections."""
-        if self._closing:
-            return
-        self._closing = True
-        self._wake.set()
-        if self._writer_task is not None:
-            await asyncio.wait([self._writer_task])
-            if self._writer_task.cancelled():
-                return  # the writer already stopped both connections
-        await self._w.close()
-        await self._r.close()
+        return cls(_SqliteDialect(where, *opened), max_batch=max_batch)
 
     async def schema_version(self) -> int:
         """The schema version recorded in the file (``PRAGMA user_version``)."""
-        rows = await self._read("read schema version", "PRAGMA user_version", ())
-        return int(rows[0][0])
+        self._check_open("read schema version")
+        return await self._sqlite.schema_version()
 
-    # -- the writer --------------------------------------------------------------------------
-
-    def _enqueue(self, item: _Append | _Op[Any], what: str) -> None:
-        if self._closing:
-            raise StoreError(f"{what}: store is closed")
-        if self._writer_task is None or self._writer_task.done():
-            raise StoreError(f"{what}: the journal writer is not running")
-        self._pending.append(item)
-        self._wake.set()
-
-    async def _write(self, what: str, apply: Callable[[_Db], Awaitable[_T]]) -> _T:
-        op: _Op[_T] = _Op(apply, asyncio.get_running_loop().create_future())
-        self._enqueue(op, what)
-        return await op.future
-
-    async def _write_on_thread(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """A write of plain statements: one trip to the connection's thread inside a mixed batch,
-        and a batch of nothing else is a single trip, BEGIN to COMMIT."""
-
-        async def apply(db: _Db) -> _T:
-            return await _on_thread(db, work)
-
-        op: _Op[_T] = _Op(apply, asyncio.get_running_loop().create_future(), work)
-        self._enqueue(op, what)
-        return await op.future
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                if not self._pending:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                batch = [self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending)))]
-                await self._commit(batch)
-        except asyncio.CancelledError:
-            # The event loop is going away without close() (e.g. asyncio.run tearing down after an
-            # error). aiosqlite's connection threads are not daemons: stop them, or the process
-            # could never exit.
-            self._closing = True
-            self._w.stop()
-            self._r.stop()
-            raise
-        finally:
-            # Only reached with work left if the writer was cancelled: nobody may hang.
-            while self._pending:
-                item = self._pending.popleft()
-                _settle(item.future, None, StoreError("journal writer stopped before this write committed"))
-
-    async def _commit(self, batch: list[_Append | _Op[Any]]) -> None:
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        failure: tuple[type[StoreError], str, BaseException] | None = None
-        try:
-            if all(isinstance(item, _Append) for item in batch):
-                # Appends only (a turn's records): two trips to the connection's thread, BEGIN with
-                # the heads and then every row with COMMIT, instead of one trip per statement.
-                await self._commit_appends([item for item in batch if isinstance(item, _Append)], outcomes)
-            elif all(isinstance(item, _Op) and item.on_thread is not None for item in batch):
-                # Plain-statement writes only (a turn's fence mint): one trip, BEGIN to COMMIT.
-                await _on_thread(self._w, _apply_on_thread, batch, outcomes)
-            else:
-                await self._w.execute("BEGIN IMMEDIATE")
-                try:
-                    await self._apply(batch, outcomes)
-                    await self._w.execute("COMMIT")
-                except BaseException:
-                    await self._rollback()
-                    raise
-        except sqlite3.IntegrityError as exc:
-            failure = (ConflictError, f"journal write lost to a concurrent writer: {exc}", exc)
-        except sqlite3.Error as exc:
-            failure = (StoreError, f"journal write failed: {exc}", exc)
-        except Exception as exc:
-            failure = (StoreError, f"journal write failed: {exc!r}", exc)
-        except BaseException as exc:  # cancelled: fail the batch, then stop the writer
-            for item in batch:
-                _settle(item.future, None, StoreError(f"journal write abandoned: {exc!r}"))
-            raise
-        if failure is not None:
-            self.stats.failed_commits += 1
-            kind, message, cause = failure
-            for item in batch:
-                # One exception object per waiter: each raise extends its own traceback.
-                refusal = kind(message)
-                refusal.__cause__ = cause
-                _settle(item.future, None, refusal)
-            return
-        self.stats.commits += 1
-        refused = {id(future) for future, _, error in outcomes if error is not None}
-        for item in batch:
-            if isinstance(item, _Append) and id(item.future) not in refused:
-                self.stats.appends += 1
-                self.stats.events += len(item.events)
-        for future, value, error in outcomes:
-            _settle(future, value, error)
-
-    async def _commit_appends(
-        self, run: list[_Append], outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
-    ) -> None:
-        heads = await _on_thread(self._w, _begin_with_heads, {a.uid for a in run})
-        try:
-            rows, updates = _chain(run, heads, outcomes)
-            await _on_thread(self._w, _write_rows, rows, updates, True)
-        except BaseException:
-            await self._rollback()
-            raise
-
-    async def _rollback(self) -> None:
-        # Fails harmlessly when no transaction is open (BEGIN itself failed).
-        with contextlib.suppress(sqlite3.Error):
-            await self._w.execute("ROLLBACK")
-
-    async def _apply(
-        self,
-        batch: list[_Append | _Op[Any]],
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-    ) -> None:
-        i = 0
-        while i < len(batch):
-            item = batch[i]
-            if isinstance(item, _Append):
-                j = i + 1
-                while j < len(batch) and isinstance(batch[j], _Append):
-                    j += 1
-                run = [a for a in batch[i:j] if isinstance(a, _Append)]
-                await self._apply_appends(run, outcomes)
-                i = j
-                continue
-            try:
-                value = await item.apply(self._w)
-            except StoreError as exc:
-                outcomes.append((item.future, None, exc))
-            else:
-                outcomes.append((item.future, value, None))
-            i += 1
-
-    async def _apply_appends(
-        self,
-        run: list[_Append],
-        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-    ) -> None:
-        heads = await _on_thread(self._w, _heads, {a.uid for a in run})
-        rows, updates = _chain(run, heads, outcomes)
-        if rows or updates:
-            await _on_thread(self._w, _write_rows, rows, updates, False)
-
-    # -- session rows ------------------------------------------------------------------------
-
-    async def create_session(self, row: SessionRow) -> SessionRow:
-        created = row.create_time_ns or time.time_ns()
-        stored = dataclasses.replace(
-            row,
-            create_time_ns=created,
-            update_time_ns=row.update_time_ns or created,
-            compute_state=COMPUTE_NONE,
-            last_seq=0,
-        )
-
-        async def apply(db: _Db) -> SessionRow:
-            if await _one(db, "SELECT 1 FROM sessions WHERE session = ?", (row.uid,)) is not None:
-                raise SessionExistsError(f"session {row.uid} already exists")
-            await db.execute(
-                _INSERT_ROW,
-                _row_params(
-                    stored, created=created, updated=stored.update_time_ns, state=COMPUTE_NONE, fence=0
-                ),
-            )
-            return stored
-
-        return await self._write("create session", apply)
-
-    async def get_session(self, uid: str) -> SessionRow | None:
-        rows = await self._read(
-            "get session", f"SELECT {_ROW_COLUMNS} FROM sessions WHERE session = ? AND deleted = 0", (uid,)
-        )
-        return _row_from(rows[0]) if rows else None
-
-    async def list_sessions(
-        self, project: str, page_size: int, page_token: str
-    ) -> tuple[list[SessionRow], str]:
-        size = clamp_page_size(page_size)
-        if page_token:
-            after_ns, after_uid = decode_page_token(page_token)
-            recs = await self._read(
-                "list sessions",
-                f"""
-                SELECT {_ROW_COLUMNS} FROM sessions
-                WHERE project = ? AND deleted = 0
-                  AND (created_at < ? OR (created_at = ? AND session > ?))
-                ORDER BY created_at DESC, session ASC LIMIT ?
-                """,
-                (project, after_ns, after_ns, after_uid, size + 1),
-            )
-        else:
-            recs = await self._read(
-                "list sessions",
-                f"""
-                SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0
-                ORDER BY created_at DESC, session ASC LIMIT ?
-                """,
-                (project, size + 1),
-            )
-        rows = [_row_from(r) for r in recs[:size]]
-        token = ""
-        if len(recs) > size:
-            token = encode_page_token(rows[-1].create_time_ns, rows[-1].uid)
-        return rows, token
-
-    async def delete_session(self, uid: str, *, purge: bool) -> SessionRow:
-        async def apply(db: _Db) -> SessionRow:
-            rec = await _one(
-                db, f"SELECT {_ROW_COLUMNS} FROM sessions WHERE session = ? AND deleted = 0", (uid,)
-            )
-            if rec is None:
-                raise SessionNotFoundError(f"session {uid} not found")
-            now = time.time_ns()
-            await db.execute("UPDATE sessions SET deleted = 1, updated_at = ? WHERE session = ?", (now, uid))
-            if purge:
-                await db.execute("UPDATE sessions SET last_seq = 0, last_hash = '' WHERE session = ?", (uid,))
-                await db.execute("DELETE FROM events WHERE session = ?", (uid,))
-                await db.execute("DELETE FROM tool_receipts WHERE session = ?", (uid,))
-            return dataclasses.replace(_row_from(rec), update_time_ns=now)
-
-        return await self._write("delete session", apply)
-
-    async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
-        def mint(db: sqlite3.Connection) -> int:
-            now = time.time_ns()
-            if expected_head is not None:
-                row = db.execute("SELECT last_seq FROM sessions WHERE session = ?", (uid,)).fetchone()
-                head = int(row[0]) if row is not None else 0
-                if head != expected_head:
-                    raise ConflictError(
-                        f"expected head {expected_head} does not match head {head} of session {uid}"
-                    )
-            rows = db.execute(
-                """
-                INSERT INTO sessions (session, fence, created_at, updated_at) VALUES (?, 1, ?, ?)
-                ON CONFLICT (session) DO UPDATE SET fence = fence + 1
-                RETURNING fence
-                """,
-                (uid, now, now),
-            ).fetchall()
-            return int(rows[0][0])  # RETURNING always yields the row
-
-        return await self._write_on_thread("new fence", mint)
-
-    # -- journal -----------------------------------------------------------------------------
-
-    async def append(
-        self,
-        uid: str,
-        events: Sequence[common_pb2.Event],
-        *,
-        expected_head: int,
-        fence: int,
-        mint_fence: bool = False,
-    ) -> list[common_pb2.LogRecord]:
-        normalized = [normalize_event(ev) for ev in events]
-        pending = _Append(
-            uid=uid,
-            events=normalized,
-            blobs=[ev.SerializeToString() for ev in normalized],
-            canonical=[canonical_event(ev) for ev in normalized],
-            expected_head=expected_head,
-            fence=fence,
-            future=asyncio.get_running_loop().create_future(),
-            mint=mint_fence,
-        )
-        self._enqueue(pending, "append")
-        chained, fence = await pending.future
-        return [
-            common_pb2.LogRecord(seq=seq, prev_hash=prev, content_hash=digest, fence=fence, event=ev)
-            for (seq, prev, digest), ev in zip(chained, normalized, strict=True)
-        ]
-
-    async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
-        start = max(1, from_seq)
-        if to_seq > 0:
-            recs = await self._read(
-                "read",
-                "SELECT seq, prev_hash, hash, fence, event FROM events "
-                "WHERE session = ? AND seq >= ? AND seq <= ? ORDER BY seq",
-                (uid, start, to_seq),
-            )
-        else:
-            recs = await self._read(
-                "read",
-                "SELECT seq, prev_hash, hash, fence, event FROM events "
-                "WHERE session = ? AND seq >= ? ORDER BY seq",
-                (uid, start),
-            )
-        return [_log_record(r) for r in recs]
-
-    async def head(self, uid: str) -> Head:
-        recs = await self._read(
-            "head", "SELECT seq, hash FROM events WHERE session = ? ORDER BY seq DESC LIMIT 1", (uid,)
-        )
-        if not recs:
-            return Head(seq=0, hash="")
-        return Head(seq=int(recs[0][0]), hash=str(recs[0][1]))
-
-    async def verify(self, uid: str) -> int:
-        # The row's anchor is read first: records up to it never change, so chunked reads need no
-        # snapshot, and appends racing this verify land beyond it.
-        anchor = await self._read(
-            "verify", "SELECT last_seq, last_hash FROM sessions WHERE session = ?", (uid,)
-        )
-        last = int(anchor[0][0]) if anchor else (await self.head(uid)).seq
-        checked = 0
-        prev = ""
-        while checked < last:
-            recs = await self._read(
-                "verify",
-                "SELECT seq, prev_hash, hash, event FROM events "
-                "WHERE session = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                (uid, checked, last, VERIFY_CHUNK),
-            )
-            if not recs:
-                raise TamperedError(
-                    uid, checked + 1, f"seq {checked + 1} is missing (the head is seq {last})"
-                )
-            for seq, prev_hash, digest, blob in recs:
-                checked += 1
-                if seq != checked:
-                    raise TamperedError(uid, checked, f"seq {checked} is missing (next stored seq is {seq})")
-                if prev_hash != prev:
-                    raise TamperedError(uid, seq, "prev_hash does not link to the previous record")
-                try:
-                    ev = common_pb2.Event.FromString(blob)
-                except Exception:
-                    raise TamperedError(uid, seq, "stored event does not decode") from None
-                if content_hash(ev, prev, seq) != digest:
-                    raise TamperedError(uid, seq, "content_hash does not match the recomputed hash")
-                prev = digest
-        if anchor and prev != anchor[0][1]:
-            raise TamperedError(uid, last, "the newest record is not the head recorded when it was appended")
-        return checked
-
-    async def fork(
-        self,
-        parent_uid: str,
-        at_seq: int,
-        children: Sequence[SessionRow],
-        marker: common_pb2.Event,
-    ) -> list[SessionRow]:
-        if not children:
-            return []
-        require_distinct_uids(children)
-        uids = [c.uid for c in children]
-        marker = normalize_event(marker)
-        marker_blob = marker.SerializeToString()
-        marker_json = canonical_event(marker)
-        marker_seq = at_seq + 1
-        state = project_compute_state(COMPUTE_NONE, marker)
-
-        async def apply(db: _Db) -> list[SessionRow]:
-            if (
-                await _one(db, "SELECT 1 FROM sessions WHERE session = ? AND deleted = 0", (parent_uid,))
-                is None
-            ):
-                raise SessionNotFoundError(f"session {parent_uid} not found")
-            rec = await _one(db, "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session = ?", (parent_uid,))
-            head = int(rec[0]) if rec is not None else 0
-            if at_seq < 0 or at_seq > head:
-                raise ConflictError(f"fork at_seq {at_seq} is beyond head {head} of session {parent_uid}")
-            marks = ",".join("?" for _ in uids)
-            taken = await _one(db, f"SELECT session FROM sessions WHERE session IN ({marks})", uids)
-            if taken is not None:
-                raise SessionExistsError(f"session {taken[0]} already exists")
-            prev = ""
-            if at_seq > 0:
-                found = await _one(
-                    db, "SELECT hash FROM events WHERE session = ? AND seq = ?", (parent_uid, at_seq)
-                )
-                prev = str(found[0]) if found is not None else ""
-            digest = chain_hash(marker_json, prev, marker_seq)
-            now = time.time_ns()
-            stored = [
-                dataclasses.replace(
-                    child,
-                    parent_uid=parent_uid,
-                    fork_seq=at_seq,
-                    create_time_ns=child.create_time_ns or now,
-                    update_time_ns=now,
-                    compute_state=state,
-                    last_seq=marker_seq,
-                )
-                for child in children
-            ]
-            await db.executemany(
-                _INSERT_ROW,
-                [
-                    _row_params(
-                        r,
-                        created=r.create_time_ns,
-                        updated=now,
-                        state=state,
-                        fence=0,
-                        last_seq=marker_seq,
-                        last_hash=digest,
-                    )
-                    for r in stored
-                ],
-            )
-            if at_seq > 0:
-                for uid in uids:
-                    await db.execute(
-                        "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
-                        "SELECT ?, seq, prev_hash, hash, fence, event FROM events "
-                        "WHERE session = ? AND seq <= ?",
-                        (uid, parent_uid, at_seq),
-                    )
-            await db.executemany(
-                _INSERT_EVENT, [(uid, marker_seq, prev, digest, 0, marker_blob) for uid in uids]
-            )
-            return stored
-
-        return await self._write("fork", apply)
-
-    async def import_records(self, row: SessionRow, records: Sequence[common_pb2.LogRecord]) -> SessionRow:
-        """Create ``row`` holding ``records`` verbatim (stored hashes and fences), atomically.
-
-        The records must run from seq 1 and link; their hashes are not recomputed (``verify`` does)."""
-        state, fence = imported_chain_state(row.uid, records)
-        now = time.time_ns()
-        stored = dataclasses.replace(
-            row,
-            create_time_ns=row.create_time_ns or now,
-            update_time_ns=now,
-            compute_state=state,
-            last_seq=len(records),
-        )
-        rows = [
-            (row.uid, r.seq, r.prev_hash, r.content_hash, r.fence, r.event.SerializeToString())
-            for r in records
-        ]
-
-        async def apply(db: _Db) -> SessionRow:
-            if await _one(db, "SELECT 1 FROM sessions WHERE session = ?", (row.uid,)) is not None:
-                raise SessionExistsError(f"session {row.uid} already exists")
-            await db.execute(
-                _INSERT_ROW,
-                _row_params(
-                    stored,
-                    created=stored.create_time_ns,
-                    updated=now,
-                    state=state,
-                    fence=fence,
-                    last_seq=len(records),
-                    last_hash=records[-1].content_hash if records else "",
-                ),
-            )
-            await db.executemany(_INSERT_EVENT, rows)
-            return stored
-
-        return await self._write("import", apply)
-
-    # -- harness registry and tool receipts --------------------------------------------------
-
-    async def put_harness(self, registration: harness_registry_pb2.HarnessRegistration) -> None:
-        name = registration.metadata.name
-        if not name:
-            raise StoreError("put_harness: registration has no metadata.name")
-        blob = registration.SerializeToString()
-
-        async def apply(db: _Db) -> None:
-            await db.execute(
-                "INSERT INTO harnesses (name, registration, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET registration = excluded.registration, "
-                "updated_at = excluded.updated_at",
-                (name, blob, time.time_ns()),
-            )
-
-        await self._write("put harness", apply)
-
-    async def get_harness(self, name: str) -> harness_registry_pb2.HarnessRegistration | None:
-        recs = await self._read("get harness", "SELECT registration FROM harnesses WHERE name = ?", (name,))
-        return harness_registry_pb2.HarnessRegistration.FromString(recs[0][0]) if recs else None
-
-    async def list_harnesses(self) -> list[harness_registry_pb2.HarnessRegistration]:
-        recs = await self._read("list harnesses", "SELECT registration FROM harnesses ORDER BY name", ())
-        return [harness_registry_pb2.HarnessRegistration.FromString(r[0]) for r in recs]
-
-    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> common_pb2.ToolResult | None:
-        recs = await self._read(
-            "get tool receipt",
-            "SELECT result FROM tool_receipts WHERE session = ? AND idempotency_key = ?",
-            (uid, idempotency_key),
-        )
-        return common_pb2.ToolResult.FromString(recs[0][0]) if recs else None
-
-    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
-        blob = result.SerializeToString()
-
-        async def apply(db: _Db) -> None:
-            await db.execute(
-                "INSERT INTO tool_receipts (session, idempotency_key, result, created_at) "
-                "VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (session, idempotency_key) DO NOTHING",
-                (uid, idempotency_key, blob, time.time_ns()),
-            )
-
-        await self._write("put tool receipt", apply)
-
-    async def session_uids(self) -> list[str]:
-        recs = await self._read(
-            "list session uids",
-            "SELECT session FROM sessions UNION SELECT session FROM events ORDER BY 1",
-            (),
-        )
-        return [str(r[0]) for r in recs]
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def _read(self, what: str, sql: str, params: Sequence[Any]) -> list[Any]:
-        if self._closing:
-            raise StoreError(f"{what}: store is closed")
-        try:
-            return list(await self._r.execute_fetchall(sql, params))
-        except sqlite3.Error as exc:
-            raise StoreError(f"{what} failed: {exc}") from exc
+    async def pragma(self, name: str) -> int:
+        """An integer PRAGMA's value on the writer connection (for diagnostics and tests)."""
+        self._check_open("read pragma")
+        return await self._sqlite.pragma(name)
 
 
-def _chain(
-    run: list[_Append],
-    heads: dict[str, _Head],
-    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-) -> tuple[list[tuple[str, int, str, str, int, bytes]], list[tuple[str, int, int, str, int, str]]]:
-    """Check each append against its session's head and fence and chain its events (on the event
-    loop's thread: hashing is Python work); the rows to insert and the session heads to update."""
-    rows: list[tuple[str, int, str, str, int, bytes]] = []
-    for ap in run:
-        head = heads[ap.uid]
-        if not head.exists or head.deleted:
-            outcomes.append((ap.future, None, SessionNotFoundError(f"session {ap.uid} not found")))
-            continue
-        if ap.expected_head != head.seq:
-            outcomes.append(
-                (
-                    ap.future,
-                    None,
-                    ConflictError(
-                        f"expected_last_seq {ap.expected_head} does not match head {head.seq} "
-                        f"of session {ap.uid}"
-                    ),
-                )
-            )
-            continue
-        fence = ap.fence
-        if ap.mint:
-            fence = head.fence + 1
-            head.fence, head.touched = fence, True
-        elif fence < head.fence:
-            outcomes.append(
-                (
-                    ap.future,
-                    None,
-                    FencedError(f"fence {ap.fence} is superseded by fence {head.fence} of session {ap.uid}"),
-                )
-            )
-            continue
-        seq, prev, state = head.seq, head.hash, head.compute_state
-        chained: list[tuple[int, str, str]] = []
-        for ev, blob, canonical in zip(ap.events, ap.blobs, ap.canonical, strict=True):
-            seq += 1
-            digest = chain_hash(canonical, prev, seq)
-            rows.append((ap.uid, seq, prev, digest, fence, blob))
-            chained.append((seq, prev, digest))
-            state = project_compute_state(state, ev)
-            prev = digest
-        if chained:
-            head.seq, head.hash, head.compute_state, head.touched = seq, prev, state, True
-        outcomes.append((ap.future, (chained, fence), None))
-    now = time.time_ns()
-    updates = [(h.compute_state, now, h.seq, h.hash, h.fence, uid) for uid, h in heads.items() if h.touched]
-    return rows, updates
+# -- schema --------------------------------------------------------------------------------------
 
 
-def _apply_on_thread(
-    db: sqlite3.Connection,
-    ops: list[_Append | _Op[Any]],
-    outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
-) -> None:
-    """On the connection's thread: one transaction applying ``ops`` (each with ``on_thread``) in
-    order; a domain error fails only its op, anything else rolls the whole batch back."""
-    db.execute("BEGIN IMMEDIATE")
+def _prepare(db: sqlite3.Connection, path: str, synchronous: str) -> None:
+    """On the writer's thread: check the file is ours (or empty), switch to WAL, and create or
+    migrate the schema."""
     try:
-        for op in ops:
-            assert isinstance(op, _Op) and op.on_thread is not None
-            try:
-                value = op.on_thread(db)
-            except StoreError as exc:
-                outcomes.append((op.future, None, exc))
-            else:
-                outcomes.append((op.future, value, None))
-        db.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
-        raise
-
-
-def _begin_with_heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, _Head]:
-    """On the connection's thread: BEGIN IMMEDIATE, then the sessions' heads (rolled back if the
-    read fails)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        return _heads(db, uids)
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
-        raise
-
-
-def _write_rows(
-    db: sqlite3.Connection,
-    rows: list[tuple[str, int, str, str, int, bytes]],
-    updates: list[tuple[str, int, int, str, int, str]],
-    commit: bool,
-) -> None:
-    """On the connection's thread, in the open transaction: insert the records, move the heads,
-    and with ``commit`` end the transaction (rolled back if any of it fails)."""
-    try:
-        db.executemany(_INSERT_EVENT, rows)
-        db.executemany(_UPDATE_HEAD, updates)
-        if commit:
-            db.execute("COMMIT")
-    except BaseException:
-        if commit:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-        raise
-
-
-def _heads(db: sqlite3.Connection, uids: Iterable[str]) -> dict[str, _Head]:
-    """On the connection's thread, in the open transaction: the sessions' heads."""
-    keys = sorted(uids)
-    heads: dict[str, _Head] = {}
-    # Bounded IN lists keep the statement cache small and stay far below SQLite's variable limit.
-    for start in range(0, len(keys), 256):
-        chunk = keys[start : start + 256]
-        marks = ",".join("(?)" for _ in chunk)
-        rows = db.execute(
-            f"""
-            WITH wanted(uid) AS (VALUES {marks})
-            SELECT wanted.uid, s.session IS NOT NULL, COALESCE(s.deleted, 0), COALESCE(s.fence, 0),
-                   COALESCE(s.compute_state, 'NONE'), e.seq, e.hash
-            FROM wanted
-            LEFT JOIN sessions AS s ON s.session = wanted.uid
-            LEFT JOIN events AS e ON e.session = wanted.uid
-                AND e.seq = (SELECT MAX(seq) FROM events WHERE events.session = wanted.uid)
-            """,
-            chunk,
-        ).fetchall()
-        for uid, exists, deleted, fence, state, seq, digest in rows:
-            heads[uid] = _Head(bool(exists), bool(deleted), fence, state, seq or 0, digest or "")
-    return heads
-
-
-async def _on_thread(db: _Db, work: Callable[..., _T], *args: Any) -> _T:
-    """``work(connection, *args)`` on the connection's own thread: one trip for several statements
-    (aiosqlite has no public call for it; its worker runs the callables it is handed, in order)."""
-    result: _T = await db._execute(work, db._conn, *args)  # type: ignore[no-untyped-call]
-    return result
-
-
-async def _one(db: _Db, sql: str, params: Sequence[Any]) -> Any:
-    """The first row of a statement's result, or None (one round trip to the connection thread)."""
-    rows = list(await db.execute_fetchall(sql, params))
-    return rows[0] if rows else None
-
-
-async def _prepare(db: _Db, path: str, synchronous: str) -> None:
-    """Check the file is ours (or empty), switch to WAL, and create or migrate the schema."""
-    try:
-        app_id, version, tables = await _identity(db)
+        app_id, version, tables = _identity(db)
     except sqlite3.DatabaseError as exc:
         raise SchemaError(f"{path} is not a readable SQLite database: {exc}") from None
     _check_identity(path, app_id, version, tables)
-    await _set_wal(db, path)
+    _set_wal(db, path)
     try:
-        await db.execute(f"PRAGMA synchronous = {synchronous}")
+        db.execute(f"PRAGMA synchronous = {synchronous}")
         if app_id == APPLICATION_ID and version == SCHEMA_VERSION:
             return
         # Several processes may open the file at once: migrate under the write lock, re-checking.
-        await db.execute("BEGIN IMMEDIATE")
+        db.execute("BEGIN IMMEDIATE")
         try:
-            app_id, version, tables = await _identity(db)
+            app_id, version, tables = _identity(db)
             _check_identity(path, app_id, version, tables)
             for statements in _MIGRATIONS[version:]:
                 for statement in statements:
-                    await db.execute(statement)
-            await db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            await db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            await db.execute("COMMIT")
+                    db.execute(statement)
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
     except sqlite3.Error as exc:
         raise SchemaError(f"cannot initialize SQLite journal {path}: {exc}") from None
 
 
-async def _identity(db: _Db) -> tuple[int, int, list[str]]:
-    app_id = (await _one(db, "PRAGMA application_id", ()))[0]
-    version = (await _one(db, "PRAGMA user_version", ()))[0]
-    cursor = await db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-    tables = [str(r[0]) for r in await cursor.fetchall()]
-    await cursor.close()
+def _identity(db: sqlite3.Connection) -> tuple[int, int, list[str]]:
+    """(application_id, user_version, table names), read from one snapshot (or in the caller's
+    transaction): a concurrent first open may be creating the schema meanwhile."""
+    own = not db.in_transaction
+    if own:
+        db.execute("BEGIN")
+    try:
+        (app_id,) = db.execute("PRAGMA application_id").fetchone()
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        tables = [
+            str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        ]
+    finally:
+        if own:
+            db.execute("COMMIT")
     return int(app_id), int(version), tables
 
 
@@ -1089,15 +791,15 @@ def _check_identity(path: str, app_id: int, version: int, tables: list[str]) -> 
     raise SchemaError(f"{path} is not an agentsessions journal: it holds table(s) {', '.join(tables)}")
 
 
-async def _set_wal(db: _Db, path: str) -> None:
+def _set_wal(db: sqlite3.Connection, path: str) -> None:
     # Switching to WAL needs a moment of exclusive access; a concurrent opener may hold the file.
     for attempt in range(_WAL_ATTEMPTS):
         try:
-            rec = await _one(db, "PRAGMA journal_mode = WAL", ())
+            rec = db.execute("PRAGMA journal_mode = WAL").fetchone()
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or attempt == _WAL_ATTEMPTS - 1:
                 raise SchemaError(f"cannot switch SQLite journal {path} to WAL: {exc}") from None
-            await asyncio.sleep(0.02)
+            time.sleep(0.02)  # on the writer's own thread, not the event loop
             continue
         if rec is None or str(rec[0]).lower() != "wal":
             raise SchemaError(f"SQLite journal {path} refused WAL mode (got {rec[0] if rec else None!r})")

@@ -53,6 +53,10 @@ class TamperedError(StoreError):
         self.why = why
 
 
+class JournalLocationError(StoreError, ValueError):
+    """A journal location (``--journal``, ``open_store``) that names no store this host can open."""
+
+
 class SchemaError(StoreError):
     """The database is foreign, unreadable, or of a newer schema than this host understands."""
 
