@@ -9,6 +9,7 @@ completion all see their execution.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -22,15 +23,16 @@ from agentsessions.sdk.types import Mediation, ToolCall, ToolResult
 # Why an approval-gated call needs a decision: a fixed text, or one built from the call.
 Reason = str | Callable[[ToolCall], str]
 
-_CURRENT: contextvars.ContextVar[Execution | None] = contextvars.ContextVar(
+_CURRENT: contextvars.ContextVar[tuple[Execution, asyncio.AbstractEventLoop] | None] = contextvars.ContextVar(
     "agentsessions_execution", default=None
 )
 
 
 @contextlib.contextmanager
 def running(ex: Execution) -> Iterator[Execution]:
-    """Make ``ex`` the execution the framework's model and tool calls go to, for the block."""
-    token = _CURRENT.set(ex)
+    """Make ``ex`` the execution the framework's model and tool calls go to, for the block
+    (which runs on ``ex``'s event loop)."""
+    token = _CURRENT.set((ex, asyncio.get_running_loop()))
     try:
         yield ex
     finally:
@@ -39,13 +41,22 @@ def running(ex: Execution) -> Iterator[Execution]:
 
 def current_execution(where: str) -> Execution:
     """The execution the calling code runs in; a RuntimeError naming ``where`` outside one."""
-    ex = _CURRENT.get()
-    if ex is None:
+    return _bound(where)[0]
+
+
+def execution_loop(where: str) -> asyncio.AbstractEventLoop:
+    """The event loop the current execution runs on (for a framework that calls from a thread)."""
+    return _bound(where)[1]
+
+
+def _bound(where: str) -> tuple[Execution, asyncio.AbstractEventLoop]:
+    bound = _CURRENT.get()
+    if bound is None:
         raise RuntimeError(
             f"{where} was used outside an agentsessions execution: run the agent through the "
             "adapter's harness (or inside agentsessions.sdk.adapters.routing.running(ex))"
         )
-    return ex
+    return bound
 
 
 @dataclass(frozen=True)
