@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai import Agent
+from pydantic_ai import Agent, AgentRunResultEvent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ModelRetry, ToolFailed, ToolFailedError, ToolRetryError
 from pydantic_ai.messages import (
@@ -398,11 +398,13 @@ async def run_agent(
     with running(ex):
         if stream:
             output: Any = None
-            async for event in agent.run_stream_events(
+            async with agent.run_stream_events(
                 prompt, message_history=history, model=host_model, capabilities=capabilities, **run_options
-            ):
-                output = getattr(event, "result", None) or output
-            return getattr(output, "output", None)
+            ) as events:
+                async for event in events:
+                    if isinstance(event, AgentRunResultEvent):
+                        output = event.result.output
+            return output
         result = await agent.run(
             prompt, message_history=history, model=host_model, capabilities=capabilities, **run_options
         )
