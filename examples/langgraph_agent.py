@@ -79,6 +79,8 @@ tool_node = HostToolNode(
     TOOLS,
     host_tools=["lookup_order"],
     approval=["refund"],
-    reasons={"refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"},
+    reasons={
+        "refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"
+    },
 )
 harness = wrap(build_graph(HostChatModel(), tool_node), id="shop-langgraph", version="1")

@@ -56,5 +56,7 @@ harness = wrap(
     id="shop-openai-agents",
     version="1",
     host_tools=["lookup_order"],
-    reasons={"refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"},
+    reasons={
+        "refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"
+    },
 )

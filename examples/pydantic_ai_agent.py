@@ -53,5 +53,7 @@ harness = wrap(
     id="shop-pydantic-ai",
     version="1",
     host_tools=["lookup_order"],
-    reasons={"refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"},
+    reasons={
+        "refund": lambda call: f"refund {call.args.get('amount_cents')} cents of {call.args.get('order_id')}"
+    },
 )

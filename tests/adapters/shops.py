@@ -30,8 +30,16 @@ SLOW_YIELDS = 200
 class Shop:
     """A harness and what its in-harness tools did."""
 
-    harness: Harness
+    harness: Harness = field(init=False)
     effects: list[str] = field(default_factory=list)
+    holding: asyncio.Event = field(default_factory=asyncio.Event)  # set while ``hold`` runs
+
+
+async def _hold(shop: Shop) -> str:
+    """An in-harness tool that never finishes (until the run is cancelled)."""
+    shop.holding.set()
+    await asyncio.Event().wait()
+    return "never"
 
 
 def refund_reason(call: ToolCall) -> str:
@@ -64,9 +72,15 @@ def _pydantic_ai(stream: bool, temperature: float | None) -> Shop:
 
     from agentsessions.sdk.adapters.pydantic_ai import wrap
 
-    effects: list[str] = []
+    shop = Shop()
+    effects = shop.effects
     settings = ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else None
     agent = Agent(instructions="Help the customer.", model_settings=settings)
+
+    @agent.tool_plain
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
 
     @agent.tool_plain
     def lookup_order(order_id: str) -> dict[str, Any]:
@@ -89,8 +103,15 @@ def _pydantic_ai(stream: bool, temperature: float | None) -> Shop:
         """Refund an order."""
         raise AssertionError("the host runs refund once approved")
 
-    harness = wrap(agent, id="t-pydantic-ai", version="1", host_tools=["lookup_order"], reason=refund_reason, stream=stream)
-    return Shop(harness, effects)
+    shop.harness = wrap(
+        agent,
+        id="t-pydantic-ai",
+        version="1",
+        host_tools=["lookup_order"],
+        reason=refund_reason,
+        stream=stream,
+    )
+    return shop
 
 
 def _openai_agents(stream: bool, temperature: float | None) -> Shop:
@@ -98,7 +119,8 @@ def _openai_agents(stream: bool, temperature: float | None) -> Shop:
 
     from agentsessions.sdk.adapters.openai_agents import wrap
 
-    effects: list[str] = []
+    shop = Shop()
+    effects = shop.effects
 
     @function_tool
     def lookup_order(order_id: str) -> dict[str, Any]:
@@ -115,27 +137,42 @@ def _openai_agents(stream: bool, temperature: float | None) -> Shop:
         """Write a note."""
         effects.append(text)
         return f"noted {text}"
+
+    @function_tool
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
 
     @function_tool(needs_approval=True)
     def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund an order."""
         raise AssertionError("the host runs refund once approved")
 
-    settings = ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else ModelSettings()
+    settings = (
+        ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else ModelSettings()
+    )
     agent = Agent(
         name="shop",
         instructions="Help the customer.",
-        tools=[lookup_order, slow_note, fast_note, refund],
+        tools=[lookup_order, slow_note, fast_note, hold, refund],
         model_settings=settings,
     )
-    harness = wrap(agent, id="t-openai-agents", version="1", host_tools=["lookup_order"], reason=refund_reason, stream=stream)
-    return Shop(harness, effects)
+    shop.harness = wrap(
+        agent,
+        id="t-openai-agents",
+        version="1",
+        host_tools=["lookup_order"],
+        reason=refund_reason,
+        stream=stream,
+    )
+    return shop
 
 
 def _langgraph(stream: bool, temperature: float | None) -> Shop:
     from agentsessions.sdk.adapters.langgraph import HostChatModel, HostToolNode, wrap
 
-    effects: list[str] = []
+    shop = Shop()
+    effects = shop.effects
 
     @tool
     def lookup_order(order_id: str) -> dict[str, Any]:
@@ -154,12 +191,19 @@ def _langgraph(stream: bool, temperature: float | None) -> Shop:
         return f"noted {text}"
 
     @tool
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
+
+    @tool
     def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund an order."""
         raise AssertionError("the host runs refund once approved")
 
-    tools = [lookup_order, slow_note, fast_note, refund]
-    chat_model = HostChatModel(temperature=temperature, max_tokens=64) if temperature is not None else HostChatModel()
+    tools = [lookup_order, slow_note, fast_note, hold, refund]
+    chat_model = (
+        HostChatModel(temperature=temperature, max_tokens=64) if temperature is not None else HostChatModel()
+    )
     model = chat_model.bind_tools(tools)
 
     async def agent(state: MessagesState) -> dict[str, Any]:
@@ -170,9 +214,11 @@ def _langgraph(stream: bool, temperature: float | None) -> Shop:
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", HostToolNode(tools, host_tools=["lookup_order"], approval=["refund"], reason=refund_reason))
+    graph.add_node(
+        "tools", HostToolNode(tools, host_tools=["lookup_order"], approval=["refund"], reason=refund_reason)
+    )
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", next_step, ["tools", END])
     graph.add_edge("tools", "agent")
-    harness = wrap(graph.compile(), id="t-langgraph", version="1", stream=stream)
-    return Shop(harness, effects)
+    shop.harness = wrap(graph.compile(), id="t-langgraph", version="1", stream=stream)
+    return shop

@@ -53,7 +53,9 @@ async def test_concurrent_tool_calls_reach_the_host_in_completion_order(framewor
     env = HarnessEnvironment(
         shop.harness,
         model=[
-            completion(note("call_slow", "slow_note", "first"), note("call_fast", "fast_note", "second"), LOOKUP),
+            completion(
+                note("call_slow", "slow_note", "first"), note("call_fast", "fast_note", "second"), LOOKUP
+            ),
             "done",
         ],
         tools=host_tools(),
@@ -62,7 +64,12 @@ async def test_concurrent_tool_calls_reach_the_host_in_completion_order(framewor
     assert outcome.state == "COMPLETED", outcome.error
     # slow_note yields to the loop long enough for fast_note to finish first if it could.
     assert shop.effects == ["first", "second"]
-    assert tool_effects(env) == ["result:call_slow", "result:call_fast", "call:lookup_order", "result:call_lookup"]
+    assert tool_effects(env) == [
+        "result:call_slow",
+        "result:call_fast",
+        "call:lookup_order",
+        "result:call_lookup",
+    ]
     # The model saw the results in the completion's order too.
     answered = [r.id for m in env.requests[1].messages if m.role == "tool" for r in m.tool_results]
     assert answered == ["call_slow", "call_fast", "call_lookup"]
@@ -99,7 +106,9 @@ async def test_a_parked_completion_runs_no_in_harness_tool_until_the_decision(fr
 async def test_an_in_harness_side_effect_is_not_repeated_when_a_crashed_turn_resumes(framework: str) -> None:
     shop = build(framework)
     env = HarnessEnvironment(
-        shop.harness, model=[completion(note("call_note", "fast_note", "once"), LOOKUP), "done"], tools=host_tools()
+        shop.harness,
+        model=[completion(note("call_note", "fast_note", "once"), LOOKUP), "done"],
+        tools=host_tools(),
     )
     # Effects: the model call, the note's report, then the lookup: crash on the lookup.
     crashed = await env.run("note and look up", crash_after=2)
@@ -186,5 +195,20 @@ def test_importing_the_sdk_imports_no_framework() -> None:
         "import sys, agentsessions.sdk, agentsessions.sdk.testing, agentsessions.sdk.adapters; "
         f"print([m for m in {frameworks!r} if m in sys.modules])"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+async def test_cancel_ends_a_turn_blocked_in_an_in_harness_tool(framework: str) -> None:
+    shop = build(framework)
+    env = HarnessEnvironment(shop.harness, model=[completion(ToolCall("call_hold", "hold", {}))])
+    turn = asyncio.create_task(env.run("wait"))
+    async with asyncio.timeout(30):
+        await shop.holding.wait()
+        await env.cancel("the customer left")
+        outcome = await turn
+    assert outcome.state == "CANCELED", (outcome.state, outcome.error)
+    assert [e for e in env.events if e.kind == K.EVENT_TOOL_RESULT] == []

@@ -40,7 +40,9 @@ class GatheringAgent(NativeHarness):
         if not result.tool_calls:
             return
         deploy, note = result.tool_calls
-        answers = await asyncio.gather(ex.call_tool(deploy), ex.call_tool(note, self.note), return_exceptions=True)
+        answers = await asyncio.gather(
+            ex.call_tool(deploy), ex.call_tool(note, self.note), return_exceptions=True
+        )
         parks = [find_park(a) if isinstance(a, BaseException) else None for a in answers]
         if parks[0] is not None:
             raise parks[0]

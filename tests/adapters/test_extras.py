@@ -23,6 +23,8 @@ def test_each_adapter_is_an_extra_pinned_as_the_tests_install_it() -> None:
         for requirement in requirements:
             assert "==" in requirement, f"[{extra}] {requirement} is not pinned"
             name = requirement.split("==")[0]
-            assert dev.get(name) == requirement, f"requirements-dev.txt does not install [{extra}]'s {requirement}"
+            assert dev.get(name) == requirement, (
+                f"requirements-dev.txt does not install [{extra}]'s {requirement}"
+            )
     for module in ("pydantic_ai", "openai_agents", "langgraph"):
         assert (ROOT / "sdk" / "src" / "agentsessions" / "sdk" / "adapters" / f"{module}.py").is_file()

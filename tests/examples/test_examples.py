@@ -48,7 +48,11 @@ def looking_up() -> Reply:
         "",
         tool_calls=[
             {"id": "call_lookup", "name": "lookup_order", "args": {"order_id": "A-1001"}},
-            {"id": "call_note", "name": "add_note", "args": {"order_id": "A-1001", "text": "told: delivered"}},
+            {
+                "id": "call_note",
+                "name": "add_note",
+                "args": {"order_id": "A-1001", "text": "told: delivered"},
+            },
         ],
         usage={"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52},
     )
@@ -57,7 +61,9 @@ def looking_up() -> Reply:
 def refunding() -> Reply:
     return Reply.completion(
         "",
-        tool_calls=[{"id": "call_refund", "name": "refund", "args": {"order_id": "A-1001", "amount_cents": 500}}],
+        tool_calls=[
+            {"id": "call_refund", "name": "refund", "args": {"order_id": "A-1001", "amount_cents": 500}}
+        ],
     )
 
 
@@ -146,7 +152,9 @@ async def journal(client: SessionsClient, uid: str) -> list[common_pb2.LogRecord
         return [record async for record in client.replay(uid)]
 
 
-async def replay_cli(tmp_path: Path, uid: str, endpoint: ScriptedEndpoint, harness: HarnessProcess) -> tuple[int, str]:
+async def replay_cli(
+    tmp_path: Path, uid: str, endpoint: ScriptedEndpoint, harness: HarnessProcess
+) -> tuple[int, str]:
     argv = [str(BIN / "agentsessions"), "replay", "--journal", str(tmp_path / "journal.db"), "--session", uid]
     process = await asyncio.create_subprocess_exec(
         *argv,
@@ -177,7 +185,11 @@ async def test_example_lives_parks_replays_and_forks(
         endpoint.script(looking_up(), Reply.completion("Order A-1001 was delivered."))
         first = await turn(client, uid, "Where is my order A-1001?")
         assert kinds(first)[-1] == "END", (framework, kinds(first))
-        calls = [(r.event.kind, r.event.tool.tool or r.event.result.id) for r in first if r.event.kind in (K.EVENT_TOOL_CALL, K.EVENT_TOOL_RESULT)]
+        calls = [
+            (r.event.kind, r.event.tool.tool or r.event.result.id)
+            for r in first
+            if r.event.kind in (K.EVENT_TOOL_CALL, K.EVENT_TOOL_RESULT)
+        ]
         assert calls == [
             (K.EVENT_TOOL_CALL, "lookup_order"),
             (K.EVENT_TOOL_RESULT, "call_lookup"),
@@ -204,7 +216,11 @@ async def test_example_lives_parks_replays_and_forks(
         assert resumed.exec_state == session_pb2.EXEC_COMPLETED, resumed
         records = await journal(client, uid)
         assert outputs(records)[-1] == "I refunded 5.00 on order A-1001."
-        receipt = next(r.event.result for r in records if r.event.kind == K.EVENT_TOOL_RESULT and r.event.result.id == "call_refund")
+        receipt = next(
+            r.event.result
+            for r in records
+            if r.event.kind == K.EVENT_TOOL_RESULT and r.event.result.id == "call_refund"
+        )
         assert receipt.approval_decision_seq > 0 and not receipt.is_error
         assert ledger.read_text().splitlines() == ['{"order_id": "A-1001", "amount_cents": 500}']
         assert notes.read_text() == "A-1001: told: delivered\n", "the in-harness tool ran again on Resume"

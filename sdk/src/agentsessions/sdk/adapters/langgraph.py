@@ -143,7 +143,13 @@ class HostChatModel(BaseChatModel):
         chunk = AIMessageChunk(
             content=message.content,
             tool_call_chunks=[
-                {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
+                {
+                    "name": c["name"],
+                    "args": json.dumps(c["args"]),
+                    "id": c["id"],
+                    "index": i,
+                    "type": "tool_call_chunk",
+                }
                 for i, c in enumerate(message.tool_calls)
             ],
             usage_metadata=message.usage_metadata,
@@ -153,11 +159,15 @@ class HostChatModel(BaseChatModel):
             await run_manager.on_llm_new_token(chunk.content, chunk=ChatGenerationChunk(message=chunk))
         yield ChatGenerationChunk(message=chunk)
 
-    async def _ask(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]) -> ModelResult:
+    async def _ask(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
+    ) -> ModelResult:
         ex = current_execution("HostChatModel")
         return await ex.model(self.model_call(messages, stop=stop, **kwargs))
 
-    def model_call(self, messages: Sequence[BaseMessage], *, stop: list[str] | None = None, **kwargs: Any) -> ModelCall:
+    def model_call(
+        self, messages: Sequence[BaseMessage], *, stop: list[str] | None = None, **kwargs: Any
+    ) -> ModelCall:
         """The ModelCall this model makes for ``messages`` (with bound tools and settings)."""
         body: dict[str, Any] = {"model": self.model, "messages": convert_to_openai_messages(list(messages))}
         if kwargs.get("tools"):
@@ -202,9 +212,13 @@ def ai_message(result: ModelResult, *, model: str = "") -> AIMessage:
     )
     return AIMessage(
         content=result.text(),
-        tool_calls=[{"name": c.name, "args": dict(c.args), "id": c.id, "type": "tool_call"} for c in result.tool_calls],
+        tool_calls=[
+            {"name": c.name, "args": dict(c.args), "id": c.id, "type": "tool_call"} for c in result.tool_calls
+        ],
         usage_metadata=metadata,
-        response_metadata={"model_name": (usage.model if usage is not None and usage.model else model or SYSTEM)},
+        response_metadata={
+            "model_name": (usage.model if usage is not None and usage.model else model or SYSTEM)
+        },
     )
 
 
@@ -219,7 +233,9 @@ def langchain_messages(messages: Sequence[Message]) -> list[AnyMessage]:
             out.append(
                 AIMessage(
                     content=message.text(),
-                    tool_calls=[{"name": c.name, "args": dict(c.args), "id": c.id, "type": "tool_call"} for c in calls],
+                    tool_calls=[
+                        {"name": c.name, "args": dict(c.args), "id": c.id, "type": "tool_call"} for c in calls
+                    ],
                 )
             )
         elif message.role == "tool":
@@ -243,7 +259,10 @@ def _tool_message(result: ToolResult, name: str) -> ToolMessage:
 
 def host_tool_calls(
     routes: ToolRoutes, approval: Collection[str] = ()
-) -> Callable[[ToolCallRequest, Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]], Awaitable[ToolMessage]]:
+) -> Callable[
+    [ToolCallRequest, Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]],
+    Awaitable[ToolMessage],
+]:
     """A ``ToolNode`` ``awrap_tool_call`` interceptor routing each call through the execution."""
     gated = frozenset(approval)
 
@@ -256,7 +275,9 @@ def host_tool_calls(
         async def run(_: dict[str, Any]) -> ToolResult:
             answer = await execute(request)
             if not isinstance(answer, ToolMessage):
-                raise TypeError(f"tool {call.name!r} returned a {type(answer).__name__}; a routed tool returns a message")
+                raise TypeError(
+                    f"tool {call.name!r} returned a {type(answer).__name__}; a routed tool returns a message"
+                )
             if answer.status == "error":
                 return ToolResult.failure(call.id, answer.text)
             return reported(call.id, answer.content)
@@ -321,8 +342,6 @@ async def run_graph(
 class LangGraphHarness(NativeHarness):
     """A compiled LangGraph graph served as a harness: each execution is one graph run."""
 
-    cancellable = True
-
     def __init__(
         self,
         graph: Any,
@@ -340,7 +359,9 @@ class LangGraphHarness(NativeHarness):
         self.config = dict(config or {})
 
     async def execute(self, ex: Execution) -> None:
-        await run_graph(self.graph, ex, stream=self.stream, messages_key=self.messages_key, config=self.config)
+        await run_graph(
+            self.graph, ex, stream=self.stream, messages_key=self.messages_key, config=self.config
+        )
 
 
 def wrap(
@@ -357,7 +378,9 @@ def wrap(
     change would make recorded executions replay differently). Its model is a
     :class:`HostChatModel`, its tools a :class:`HostToolNode`; ``stream`` drives it through
     ``astream``; ``config`` is the run's ``RunnableConfig`` (a recursion limit, say)."""
-    descriptor = HarnessDescriptor(id=id, version=version, models=tuple(models), fork_safe=True, streaming=stream)
+    descriptor = HarnessDescriptor(
+        id=id, version=version, models=tuple(models), fork_safe=True, streaming=stream
+    )
     return LangGraphHarness(graph, descriptor, stream=stream, messages_key=messages_key, config=config)
 
 

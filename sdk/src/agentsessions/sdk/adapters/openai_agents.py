@@ -1,4 +1,6 @@
-"""An OpenAI Agents SDK agent as an agentsessions harness (``pip install "agentsessions-sdk[openai-agents]"``).
+"""An OpenAI Agents SDK agent as an agentsessions harness.
+
+Install with ``pip install "agentsessions-sdk[openai-agents]"``.
 
 The Agents SDK's own extension points carry the agent's effects to the host:
 
@@ -94,7 +96,7 @@ class HostModel(Model):
         items = Converter.message_to_output_items(message, provider_data={"model": self.model or SYSTEM})
         return ModelResponse(output=items, usage=_usage(result), response_id=None)
 
-    async def stream_response(  # type: ignore[override]  # an async generator, as the base means
+    async def stream_response(
         self,
         system_instructions: str | None,
         input: str | list[TResponseInputItem],
@@ -110,7 +112,9 @@ class HostModel(Model):
     ) -> AsyncIterator[TResponseStreamEvent]:
         result = await self._ask(system_instructions, input, model_settings, tools, output_schema, handoffs)
         name = self.model or SYSTEM
-        chunks = [ChatCompletionChunk.model_validate(c) for c in chat.chat_completion_chunks(result, model=name)]
+        chunks = [
+            ChatCompletionChunk.model_validate(c) for c in chat.chat_completion_chunks(result, model=name)
+        ]
 
         async def replayed() -> AsyncIterator[ChatCompletionChunk]:
             for chunk in chunks:
@@ -195,7 +199,9 @@ def chat_json(value: Any) -> Any:
     """The converter's output as plain JSON values (it returns typed dicts and iterables)."""
     if isinstance(value, Mapping):
         return {str(k): chat_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or (hasattr(value, "__iter__") and not isinstance(value, (str, bytes))):
+    if isinstance(value, (list, tuple)) or (
+        hasattr(value, "__iter__") and not isinstance(value, (str, bytes))
+    ):
         return [chat_json(v) for v in value]
     return value
 
@@ -338,8 +344,6 @@ async def run_agent(
 class OpenAIAgentsHarness(NativeHarness):
     """An Agents SDK agent served as a harness: each execution is one run (:func:`run_agent`)."""
 
-    cancellable = True
-
     def __init__(
         self,
         agent: Agent[Any],
@@ -391,7 +395,9 @@ def wrap(
     ``reasons``/``reason``: why an approval-gated call needs a decision; ``model``: the model id
     to ask the host for ("": the host's configured model); ``stream``: drive the agent through
     ``Runner.run_streamed``."""
-    descriptor = HarnessDescriptor(id=id, version=version, models=tuple(models), fork_safe=True, streaming=stream)
+    descriptor = HarnessDescriptor(
+        id=id, version=version, models=tuple(models), fork_safe=True, streaming=stream
+    )
     return OpenAIAgentsHarness(
         agent,
         descriptor,

@@ -125,7 +125,9 @@ class HostModel(Model):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
-        model_settings, model_request_parameters = self.prepare_request(model_settings, model_request_parameters)
+        model_settings, model_request_parameters = self.prepare_request(
+            model_settings, model_request_parameters
+        )
         ex = current_execution("HostModel")
         call = model_call(messages, model_settings, model_request_parameters, model=self._model)
         return model_response(await ex.model(call), model_name=self.model_name)
@@ -248,8 +250,12 @@ def _response_part(part: ModelResponsePart, index: int) -> Part:
     if isinstance(part, ToolCallPart):
         return ToolCall(id=part.tool_call_id, name=part.tool_name, args=part.args_as_dict())
     if isinstance(part, PaiThinkingPart):
-        return ReasoningPart(provider=part.provider_name or chat.REASONING_PROVIDER, opaque=part.content.encode())
-    raise ConversionError(f"message {index}: pydantic-ai response part {type(part).__name__} is not supported")
+        return ReasoningPart(
+            provider=part.provider_name or chat.REASONING_PROVIDER, opaque=part.content.encode()
+        )
+    raise ConversionError(
+        f"message {index}: pydantic-ai response part {type(part).__name__} is not supported"
+    )
 
 
 def model_response(result: ModelResult, *, model_name: str) -> ModelResponse:
@@ -326,7 +332,9 @@ class HostTools(AbstractCapability[Any]):
     routes: ToolRoutes = field(default_factory=ToolRoutes)
     _kinds: dict[str, str] = field(default_factory=dict, repr=False)
 
-    async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[PaiToolDefinition]) -> list[PaiToolDefinition]:
+    async def prepare_tools(
+        self, ctx: RunContext[Any], tool_defs: list[PaiToolDefinition]
+    ) -> list[PaiToolDefinition]:
         prepared = []
         for tool_def in tool_defs:
             if tool_def.kind in ("external", "unapproved"):
@@ -351,7 +359,12 @@ class HostTools(AbstractCapability[Any]):
             try:
                 value = await handler(args)
             except ToolRetryError as exc:
-                text = exc.tool_retry.model_response_str(wrap_if_error=False)
+                retry = exc.tool_retry
+                text = (
+                    retry.model_response_str(wrap_if_error=False)
+                    if isinstance(retry, ToolReturnPart)
+                    else str(retry.content)
+                )
                 return ToolResult(id=native.id, is_error=True, error=text, output=dict(RETRY_MARK))
             except ToolFailedError as exc:
                 return ToolResult.failure(native.id, exc.tool_failed.model_response_str(wrap_if_error=False))
@@ -418,8 +431,6 @@ def _agent_host_model(agent: Agent[Any, Any]) -> Model:
 
 class PydanticAIHarness(NativeHarness):
     """A pydantic-ai agent served as a harness: each execution is one agent run (:func:`run_agent`)."""
-
-    cancellable = True
 
     def __init__(
         self,
