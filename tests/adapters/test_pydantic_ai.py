@@ -26,7 +26,7 @@ async def test_a_model_retry_is_reported_once_and_replayed_as_a_retry() -> None:
         return f"picked {number}"
 
     harness = wrap(agent, id="retry", version="1")
-    script = [
+    script: list[Message | str] = [
         Message("assistant", [ToolCall("c1", "pick", {"number": 3})]),
         Message("assistant", [ToolCall("c2", "pick", {"number": 4})]),
         "picked 4",
