@@ -57,3 +57,23 @@ async def test_an_external_toolset_tool_is_run_by_the_host() -> None:
     assert [c.name for c in env.tool_runs] == ["lookup"]
     (call,) = [e.tool for e in env.events if e.kind == common_pb2.EVENT_TOOL_CALL]
     assert call.mediation == common_pb2.MEDIATION_CONTROLLER_MEDIATED and call.idempotency_key
+
+
+async def test_an_object_result_reads_the_same_whatever_key_order_the_journal_gives_back() -> None:
+    agent = Agent(HostModel())
+
+    @agent.tool_plain
+    def lookup(order_id: str) -> dict[str, object]:
+        """Look an order up (run by the host)."""
+        raise AssertionError("the host runs lookup")
+
+    # Whatever key order the host's object arrives in (a journal may give it back in another),
+    # pydantic-ai writes it out for the model in one order.
+    env = HarnessEnvironment(
+        wrap(agent, id="order", version="1", host_tools=["lookup"]),
+        model=[Message("assistant", [ToolCall("c1", "lookup", {"order_id": "A-1"})]), "delivered"],
+        tools={"lookup": lambda args: {"status": "delivered", "order_id": "A-1", "eta": {"z": 1, "a": 2}}},
+    )
+    assert (await env.run("where is A-1?")).state == "COMPLETED"
+    sent = env.requests[1].messages[-1].tool_results[0].text()
+    assert sent == '{"eta":{"a":2,"z":1},"order_id":"A-1","status":"delivered"}'

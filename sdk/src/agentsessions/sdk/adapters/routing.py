@@ -138,12 +138,23 @@ def reported(call_id: str, value: Any) -> ToolResult:
 
 def result_value(result: ToolResult) -> str | dict[str, Any]:
     """What the framework gets back from a successful call: its text when it has text content,
-    else its structured output, else "". The same on every run, since it is built from the
-    journaled result (live, the result just reported; on replay, the recorded one)."""
+    else its structured output (keys sorted), else "". The same on every run, since it is built
+    from the journaled result (live, the result just reported; on replay, the recorded one) and a
+    JSON object's key order does not survive the journal (a framework that writes the object out
+    as JSON text for the model would otherwise send other bytes on replay)."""
     text = result.text()
     if text or result.output is None:
         return text
-    return dict(result.output)
+    ordered: dict[str, Any] = _sorted(result.output)
+    return ordered
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value
 
 
 def error_text(result: ToolResult) -> str:
