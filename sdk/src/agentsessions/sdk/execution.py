@@ -20,7 +20,9 @@ harness author would otherwise have to learn from the host's internals:
 - **Approvals.** ``call_tool(..., reason=...)`` gives the request a reason; a decided call's
   result carries the decision and its reason (``result.decision``). A park propagates as
   :class:`~agentsessions.sdk.errors.ApprovalParkedError`, and stays a park when a framework wraps
-  it in another exception.
+  it in another exception. Once a call parked, every later call of the execution raises that
+  park before it runs anything: a concurrent in-harness tool of the same completion must not
+  have a side effect the journal never records.
 - **Usage** from the provider is journaled by the host; :meth:`usage` is for other accounting.
 - **Dumps.** With ``AGENTSESSIONS_SDK_DUMP_DIR`` set, every model request is written there as
   JSON (with its input hash) before it is sent, to compare a replay's request with the live one.
@@ -41,7 +43,7 @@ from google.protobuf import json_format
 
 from agentsessions.sdk import convert
 from agentsessions.sdk.callids import CallIds, idempotency_key
-from agentsessions.sdk.errors import ExecutionCancelledError, ToolError
+from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError, ToolError, find_park
 from agentsessions.sdk.extensions import LIVE
 from agentsessions.sdk.harness import EventSink, Start, approval_details, recorded_results
 from agentsessions.sdk.inputhash import model_input_hash
@@ -124,6 +126,7 @@ class Execution:
         self._inputs: list[Message] | None = None
         self._cancel_reason: str | None = None
         self._cancelled: asyncio.Event | None = None
+        self._parked: ApprovalParkedError | None = None
         self._dump_dir = os.environ.get(DUMP_DIR_ENV, "")
 
     # -- what the execution is -------------------------------------------------------------
@@ -275,6 +278,10 @@ class Execution:
             if batch is not None:
                 await batch.turn(position)
             self._check_cancel()
+            if self._parked is not None:
+                # An earlier call of this execution parked: the turn is unwinding, and a tool run
+                # now would be a side effect the journal never records (and recovery repeats).
+                raise self._parked
             if mediation == Mediation.IN_HARNESS_REPORTED:
                 if run is None:
                     raise TypeError(f"tool call {call_id!r} ({call.name}) runs in the harness: pass run=")
@@ -292,6 +299,11 @@ class Execution:
                 self._details.approval_decision(call_id) if approval and self._details is not None else None
             )
             return convert.tool_result_from_proto(result, decision)
+        except BaseException as exc:
+            park = find_park(exc)
+            if park is not None and self._parked is None:
+                self._parked = park  # before finish() lets the next call of the completion go
+            raise
         finally:
             if batch is not None:
                 batch.finish(position)

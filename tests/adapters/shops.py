@@ -1,0 +1,224 @@
+"""One small agent per framework, with the same tools, for the adapter tests.
+
+Each shop has ``lookup_order`` (run by the host), ``slow_note`` and ``fast_note`` (run in the
+harness: they append to ``Shop.effects``, ``slow_note`` after yielding to the event loop many
+times, so a framework that runs a completion's calls concurrently would finish ``fast_note``
+first), and ``refund`` (the framework's approval primitive; run by the host once approved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import SystemMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from agentsessions.sdk import Harness
+from agentsessions.sdk.types import ToolCall
+
+FRAMEWORKS = ("langgraph", "openai-agents", "pydantic-ai")
+# Event-loop turns slow_note yields before its effect: far more than a framework needs to start
+# every other call of the completion.
+SLOW_YIELDS = 200
+
+
+@dataclass
+class Shop:
+    """A harness and what its in-harness tools did."""
+
+    harness: Harness = field(init=False)
+    effects: list[str] = field(default_factory=list)
+    holding: asyncio.Event = field(default_factory=asyncio.Event)  # set while ``hold`` runs
+
+
+async def _hold(shop: Shop) -> str:
+    """An in-harness tool that never finishes (until the run is cancelled)."""
+    shop.holding.set()
+    await asyncio.Event().wait()
+    return "never"
+
+
+def refund_reason(call: ToolCall) -> str:
+    return f"refund {call.args.get('amount_cents')} of {call.args.get('order_id')}"
+
+
+def host_tools() -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """The host side of the shops' host-run tools (for HarnessEnvironment)."""
+    return {
+        "lookup_order": lambda args: {"order_id": args["order_id"], "status": "delivered"},
+        "refund": lambda args: {"refunded_cents": args["amount_cents"]},
+    }
+
+
+def build(framework: str, *, stream: bool = False, temperature: float | None = None) -> Shop:
+    builders = {"pydantic-ai": _pydantic_ai, "openai-agents": _openai_agents, "langgraph": _langgraph}
+    return builders[framework](stream, temperature)
+
+
+async def _slow(effects: list[str], text: str) -> str:
+    for _ in range(SLOW_YIELDS):
+        await asyncio.sleep(0)
+    effects.append(text)
+    return f"slow noted {text}"
+
+
+def _pydantic_ai(stream: bool, temperature: float | None) -> Shop:
+    from pydantic_ai import Agent
+    from pydantic_ai.settings import ModelSettings
+
+    from agentsessions.sdk.adapters.pydantic_ai import wrap
+
+    shop = Shop()
+    effects = shop.effects
+    settings = ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else None
+    agent = Agent(instructions="Help the customer.", model_settings=settings)
+
+    @agent.tool_plain
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        raise AssertionError("the host runs lookup_order")
+
+    @agent.tool_plain
+    async def slow_note(text: str) -> str:
+        """Write a note, slowly."""
+        return await _slow(effects, text)
+
+    @agent.tool_plain
+    async def fast_note(text: str) -> str:
+        """Write a note."""
+        effects.append(text)
+        return f"noted {text}"
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("the host runs refund once approved")
+
+    shop.harness = wrap(
+        agent,
+        id="t-pydantic-ai",
+        version="1",
+        host_tools=["lookup_order"],
+        reason=refund_reason,
+        stream=stream,
+    )
+    return shop
+
+
+def _openai_agents(stream: bool, temperature: float | None) -> Shop:
+    from agents import Agent, ModelSettings, function_tool
+
+    from agentsessions.sdk.adapters.openai_agents import wrap
+
+    shop = Shop()
+    effects = shop.effects
+
+    @function_tool
+    def lookup_order(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        raise AssertionError("the host runs lookup_order")
+
+    @function_tool
+    async def slow_note(text: str) -> str:
+        """Write a note, slowly."""
+        return await _slow(effects, text)
+
+    @function_tool
+    async def fast_note(text: str) -> str:
+        """Write a note."""
+        effects.append(text)
+        return f"noted {text}"
+
+    @function_tool
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
+
+    @function_tool(needs_approval=True)
+    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("the host runs refund once approved")
+
+    settings = (
+        ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else ModelSettings()
+    )
+    agent = Agent(
+        name="shop",
+        instructions="Help the customer.",
+        tools=[lookup_order, slow_note, fast_note, hold, refund],
+        model_settings=settings,
+    )
+    shop.harness = wrap(
+        agent,
+        id="t-openai-agents",
+        version="1",
+        host_tools=["lookup_order"],
+        reason=refund_reason,
+        stream=stream,
+    )
+    return shop
+
+
+def _langgraph(stream: bool, temperature: float | None) -> Shop:
+    from agentsessions.sdk.adapters.langgraph import HostChatModel, HostToolNode, wrap
+
+    shop = Shop()
+    effects = shop.effects
+
+    @tool
+    def lookup_order(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        raise AssertionError("the host runs lookup_order")
+
+    @tool
+    async def slow_note(text: str) -> str:
+        """Write a note, slowly."""
+        return await _slow(effects, text)
+
+    @tool
+    async def fast_note(text: str) -> str:
+        """Write a note."""
+        effects.append(text)
+        return f"noted {text}"
+
+    @tool
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
+
+    @tool
+    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("the host runs refund once approved")
+
+    tools = [lookup_order, slow_note, fast_note, hold, refund]
+    chat_model = (
+        HostChatModel(temperature=temperature, max_tokens=64) if temperature is not None else HostChatModel()
+    )
+    model = chat_model.bind_tools(tools)
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke([SystemMessage("Help the customer."), *state["messages"]])]}
+
+    def next_step(state: MessagesState) -> str:
+        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node(
+        "tools", HostToolNode(tools, host_tools=["lookup_order"], approval=["refund"], reason=refund_reason)
+    )
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", next_step, ["tools", END])
+    graph.add_edge("tools", "agent")
+    shop.harness = wrap(graph.compile(), id="t-langgraph", version="1", stream=stream)
+    return shop
