@@ -398,7 +398,9 @@ def check_http_listen(config: HostConfig) -> None:
     console can present (--auth-tokens) or a handshake that refuses strangers (--tls-client-ca)."""
     address = config.http_listen or ""
     if address.startswith("unix:"):
-        raise ConfigError(f"--http-listen {address!r}: must be host:port (browsers cannot reach a unix socket)")
+        raise ConfigError(
+            f"--http-listen {address!r}: must be host:port (browsers cannot reach a unix socket)"
+        )
     check_listen_address("--http-listen", address)
     if not address.endswith(":0") and address in (config.listen, config.registry_addr):
         raise ConfigError(f"--http-listen {address!r} must differ from --listen and --registry-addr")

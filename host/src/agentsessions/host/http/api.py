@@ -88,9 +88,7 @@ class Api:
             web.get("/healthz", self.health),
         ]
 
-    def _unary(
-        self, method: str, request_type: Callable[[], Message]
-    ) -> Callable[[web.Request], Any]:
+    def _unary(self, method: str, request_type: Callable[[], Message]) -> Callable[[web.Request], Any]:
         """A POST on a session whose body is ``request_type`` and whose answer is one message."""
 
         async def handle(request: web.Request) -> web.Response:
@@ -236,7 +234,9 @@ async def _lines(request: web.Request, call: Any, names: protojson.Names) -> web
     except BaseException:
         call.cancel()
         raise
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
+    )
     try:
         await response.prepare(request)
         try:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 from aiohttp import web
@@ -69,7 +69,7 @@ def after_seq(request: web.Request) -> int:
 
 async def watch(
     loopback: Loopback, request: live_pb2.WatchRequest, caller: Caller
-) -> AsyncIterator[live_pb2.WatchUpdate]:
+) -> AsyncGenerator[live_pb2.WatchUpdate, None]:
     """``LiveSessions.Watch`` as the proto documents it: the session first, then every record
     with seq > ``after_seq`` in order, then (with ``follow``) new records as they become durable.
     Until this host serves Watch, :func:`replay_until_watch_is_served` answers instead."""

@@ -82,7 +82,9 @@ class HttpListener:
         app = web.Application(middlewares=[self._outermost, self._guarded], client_max_size=MAX_BODY_BYTES)
         app.on_response_prepare.append(_headers)
         app.add_routes(Api(self._loopback).routes())
-        app.add_routes([web.get(PREFIX + "/sessions/{uid}/events", EventStream(self._loopback, self._draining).handle)])
+        app.add_routes(
+            [web.get(PREFIX + "/sessions/{uid}/events", EventStream(self._loopback, self._draining).handle)]
+        )
         app.add_routes(Console(await asyncio.to_thread(load_assets)).routes())
         # No signal handling of its own (serve owns SIGTERM) and no access log (ours is below); a
         # client that goes away cancels its handler, as a gRPC client cancels its call.
@@ -188,7 +190,7 @@ def _refusal(exc: Exception) -> web.StreamResponse:
     return error_response(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
 
-_PREPARED_KEY = "agentsessions.prepared"
+_PREPARED_KEY = web.RequestKey("agentsessions.prepared", bool)
 
 
 async def _headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -213,4 +215,3 @@ def _ssl_context(tls: ServerTLS) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise StartupError(f"cannot serve TLS on --http-listen: {exc}") from None
     return context
-

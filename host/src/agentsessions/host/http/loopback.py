@@ -28,7 +28,7 @@ from agentsessions.v1 import session_pb2_grpc
 
 SOCKET_NAME = "grpc.sock"
 # Where the request-id middleware leaves the id it chose for a request.
-REQUEST_ID_KEY = "agentsessions.request_id"
+REQUEST_ID_KEY = web.RequestKey("agentsessions.request_id", str)
 
 
 @dataclass(frozen=True)
@@ -86,4 +86,3 @@ class Loopback:
         if self._directory:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = ""
-
