@@ -74,7 +74,7 @@ export function detail(record, records) {
   if (event.model) {
     const model = event.model;
     const params = model.params && Object.keys(model.params).length ? ` params ${compact(model.params)}` : "";
-    return `model call to ${model.model || "?"} (input hash ${(model.input_hash || "").slice(0, 12)}…)${params}`;
+    return `model call to ${model.model || "the host's default model"} (input hash ${(model.input_hash || "").slice(0, 12)}…)${params}`;
   }
   if (event.tool) {
     const tool = event.tool;
@@ -116,22 +116,35 @@ export function detail(record, records) {
   return "";
 }
 
-// Usage per model: model calls from MODEL_CALL records, tokens from USAGE records.
+// Usage per model: model calls from MODEL_CALL records, tokens from USAGE records. A call that
+// names no model (the host's default) counts for the model its execution's next USAGE names.
 export function usageByModel(records) {
   const models = new Map();
   const entry = (name) => {
     if (!models.has(name)) models.set(name, { calls: 0, input: 0, output: 0, reasoning: 0 });
     return models.get(name);
   };
-  for (const record of records) {
+  const unnamed = new Map(); // execution id -> calls waiting for a USAGE to name their model
+  const ordered = [...records].sort((a, b) => Number(a.seq) - Number(b.seq));
+  for (const record of ordered) {
     const event = record.event || {};
-    if (event.model) entry(event.model.model || "?").calls += 1;
+    const execution = event.execution_id || "";
+    if (event.model) {
+      if (event.model.model) entry(event.model.model).calls += 1;
+      else unnamed.set(execution, (unnamed.get(execution) || 0) + 1);
+    }
     if (event.usage) {
-      const row = entry(event.usage.model || "?");
+      const row = entry(event.usage.model || "(host default)");
+      if (unnamed.get(execution)) {
+        row.calls += 1;
+        unnamed.set(execution, unnamed.get(execution) - 1);
+      }
       row.input += Number(event.usage.input_tokens || 0);
       row.output += Number(event.usage.output_tokens || 0);
       row.reasoning += Number(event.usage.reasoning_tokens || 0);
     }
   }
+  const left = [...unnamed.values()].reduce((sum, n) => sum + n, 0);
+  if (left) entry("(host default)").calls += left;
   return models;
 }
