@@ -121,10 +121,10 @@ def waiting(driver: WebDriver) -> WebDriverWait[WebDriver]:
 
 def screenshot(driver: WebDriver, path: Path) -> None:
     """The whole page, beyond the window (chromium's DevTools capture of the page's full size)."""
-    metrics: dict[str, Any] = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})  # type: ignore[attr-defined]
+    metrics: dict[str, Any] = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})
     size = metrics["cssContentSize"]
     clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
-    shot: dict[str, Any] = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+    shot: dict[str, Any] = driver.execute_cdp_cmd(
         "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
     )
     path.write_bytes(base64.b64decode(shot["data"]))
