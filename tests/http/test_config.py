@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import socket
 
 import pytest
 
+from agentsessions.host import server
+from agentsessions.host.app import StartupError
 from agentsessions.host.config import ConfigError, HostConfig, add_arguments
 
 
@@ -42,3 +46,14 @@ def test_bad_addresses_stop_startup_naming_the_flag(address: str, words: str) ->
 def test_port_zero_may_be_shared_with_listen() -> None:
     assert HostConfig(listen="127.0.0.1:0", http_listen="127.0.0.1:0").http_listen == "127.0.0.1:0"
     assert HostConfig(http_listen="[::1]:8080").http_listen == "[::1]:8080"
+
+
+async def test_a_taken_http_port_stops_startup_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = HostConfig(listen="127.0.0.1:0", journal="memory:", http_listen=f"127.0.0.1:{port}")
+        with pytest.raises(StartupError) as refused:
+            await server.serve(config, stop=asyncio.Event())
+    assert f"cannot listen on 127.0.0.1:{port} (--http-listen)" in str(refused.value)
