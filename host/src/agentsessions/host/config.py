@@ -97,6 +97,8 @@ class HostConfig:
     otel_exporter: OtelExporter = "none"
     # The model provider's timeouts and retries (the block at the end of this module).
     model_transport: ModelTransportConfig = field(default_factory=lambda: ModelTransportConfig())
+    # The HTTP API and web console listener (agentsessions.host.http); None: not served.
+    http_listen: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -137,6 +139,8 @@ class HostConfig:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
             )
+        if self.http_listen is not None:
+            check_http_listen(self)
 
     def _check_tls(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -241,6 +245,7 @@ class HostConfig:
             auth_tokens=pick("auth_tokens", "") or None,
             otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
             model_transport=ModelTransportConfig.from_sources(args, environ),
+            http_listen=pick("http_listen", "") or None,
         )
 
 
@@ -342,6 +347,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
     )
     add_security_arguments(parser)
+    add_http_arguments(parser)
     parser.add_argument(
         "--otel-exporter",
         metavar="KIND",
@@ -372,6 +378,37 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         f"projects and roles; without it every caller is trusted, so bind loopback "
         f"(env {env}AUTH_TOKENS; see docs/security.md)",
     )
+
+
+# -- the HTTP API and web console (agentsessions.host.http, docs/http.md) ------------------------
+
+
+def add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        help=f"also serve the HTTP API (JSON, Server-Sent Events) and the web console here, such as "
+        f"127.0.0.1:8080; port 0 picks a free one (env {ENV_PREFIX}HTTP_LISTEN; default: not served; "
+        "see docs/http.md)",
+    )
+
+
+def check_http_listen(config: HostConfig) -> None:
+    """A TCP host:port of its own. Browsers reach it, so off loopback it needs credentials the
+    console can present (--auth-tokens) or a handshake that refuses strangers (--tls-client-ca)."""
+    address = config.http_listen or ""
+    if address.startswith("unix:"):
+        raise ConfigError(
+            f"--http-listen {address!r}: must be host:port (browsers cannot reach a unix socket)"
+        )
+    check_listen_address("--http-listen", address)
+    if not address.endswith(":0") and address in (config.listen, config.registry_addr):
+        raise ConfigError(f"--http-listen {address!r} must differ from --listen and --registry-addr")
+    if not addresses.is_loopback(address) and config.auth_tokens is None and config.tls_client_ca is None:
+        raise ConfigError(
+            f"--http-listen {address!r} is not a loopback address: set --auth-tokens (or --tls-client-ca), "
+            "or bind a loopback address such as 127.0.0.1:8080 (docs/http.md)"
+        )
 
 
 def add_harness_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
@@ -28,6 +29,7 @@ from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.addresses import is_loopback
 from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
+from agentsessions.host.http import HttpListener
 from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
@@ -79,12 +81,13 @@ async def serve(
 ) -> int:
     """Serve until SIGTERM or SIGINT (or ``stop`` is set), then drain; returns the process exit code.
 
-    ``on_serving`` receives the bound listen addresses (Sessions first) once every listener is up.
+    ``on_serving`` receives the bound listen addresses (Sessions first, HTTP last) once every
+    listener is up.
     """
     signals = _Signals(stop or asyncio.Event())
     with signals.installed():
         app = await build_app(config)
-        listeners: list[_Listener] = []
+        listeners: list[_Serving] = []
         try:
             listeners = _listeners(config, app)
             for listener in listeners:
@@ -109,8 +112,11 @@ async def serve(
     return 0
 
 
-def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener]) -> dict[str, Any]:
+def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Serving]) -> dict[str, Any]:
     facts: dict[str, Any] = {"listen": listeners[0].bound}
+    if isinstance(listeners[-1], HttpListener):
+        facts["http"] = listeners[-1].bound
+        listeners = listeners[:-1]
     if len(listeners) > 1:
         facts["registry"] = listeners[1].bound
     facts["journal"] = config.journal_kind
@@ -133,18 +139,35 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener])
     return facts
 
 
-def _listeners(config: HostConfig, app: App) -> list[_Listener]:
+def _listeners(config: HostConfig, app: App) -> list[_Serving]:
     tls = config.server_tls
-    listeners = [_Listener(config.listen, app.services, app.interceptors, tls)]
+    listeners: list[_Serving] = [_Listener(config.listen, app.services, app.interceptors, tls)]
     if config.registry_addr and app.admin_services:
         listeners.append(_Listener(config.registry_addr, app.admin_services, app.interceptors, tls))
     elif app.admin_services:
         names = [service.name for service in app.admin_services]
         log.info("admin services not served: set --registry-addr", extra=logs.fields(services=names))
+    if config.http_listen:
+        # The HTTP API calls the Sessions listener's services, with its interceptors, on a private socket.
+        private = functools.partial(_Listener, services=app.services, interceptors=app.interceptors)
+        listeners.append(HttpListener(config, private))
     return listeners
 
 
-async def _drain(listeners: Sequence[_Listener], grace: float, cut_short: asyncio.Event) -> None:
+class _Serving(Protocol):
+    """A listener ``serve`` starts, health-drains and stops: a gRPC ``_Listener`` or the HTTP one."""
+
+    bound: str
+
+    @property
+    def health(self) -> health.HealthServicer: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, grace: float | None) -> None: ...
+
+
+async def _drain(listeners: Sequence[_Serving], grace: float, cut_short: asyncio.Event) -> None:
     for listener in listeners:
         await listener.health.drain()
     stopping = asyncio.create_task(_stop_all(listeners, grace))
@@ -161,7 +184,7 @@ async def _drain(listeners: Sequence[_Listener], grace: float, cut_short: asynci
         interrupted.cancel()
 
 
-async def _stop_all(listeners: Sequence[_Listener], grace: float | None) -> None:
+async def _stop_all(listeners: Sequence[_Serving], grace: float | None) -> None:
     await asyncio.gather(*(listener.stop(grace) for listener in listeners))
 
 
