@@ -82,6 +82,8 @@ HOST_ISSUER = "agentsessions"
 POLICY_PRINCIPAL = "host:policy"
 EXPIRY_PRINCIPAL = "host:expiry"
 SESSION_GRANT_PREFIX = "allow-session:"
+SESSION_GRANT_SUBJECT = "session-grant"
+MODE_SUBJECT = "mode:"  # the subject of a decision the session's mode made (controller/modes.py)
 ANY_PROJECT = "*"
 
 _DECISIONS = {"approve": True, "deny": False}
@@ -150,11 +152,6 @@ class GateDecision:
 
 def host_actor(principal: str, subject: str) -> common_pb2.IdentityRef:
     return common_pb2.IdentityRef(principal=principal, issuer=HOST_ISSUER, subject=subject)
-
-
-def mode_denial(mode: str, reason: str) -> GateDecision:
-    """The host's denial of a request its session's mode refuses."""
-    return GateDecision(False, reason, host_actor(POLICY_PRINCIPAL, f"mode:{mode}"))
 
 
 def is_session_grant(decision: common_pb2.ApprovalResult) -> bool:
@@ -257,7 +254,7 @@ class ApprovalPolicy:
                 seq, actor = grant
                 by = f" by {actor.principal}" if actor.principal else ""
                 reason = f"session grant for {call.tool}: decision at seq {seq}{by}"
-                return GateDecision(True, reason, host_actor(POLICY_PRINCIPAL, "session-grant"))
+                return GateDecision(True, reason, host_actor(POLICY_PRINCIPAL, SESSION_GRANT_SUBJECT))
         return None
 
     def expired(
@@ -412,8 +409,13 @@ def _rule(document: object, where: str, default_name: str) -> Rule:
             args.append((path, re.compile(pattern)))
         except re.error as exc:
             raise ApprovalPolicyError(f"{where}: args.{path}: bad regular expression: {exc}") from None
+    name = document.get("name") or default_name
+    if name.startswith(MODE_SUBJECT) or name == SESSION_GRANT_SUBJECT:
+        raise ApprovalPolicyError(
+            f"{where}: name {name!r} is the host's own (mode decisions and session grants use it)"
+        )
     return Rule(
-        name=document.get("name") or default_name,
+        name=name,
         tool=tool,
         approve=_DECISIONS[decision],
         args=tuple(args),

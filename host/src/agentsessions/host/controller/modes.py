@@ -1,11 +1,11 @@
 """Host-enforced modes: what a session's mode lets a tool call the host runs do (docs/modes.md).
 
 A session's mode is the strictest of its ``agentsessions.io/mode`` annotation (set by its creator,
-or by the host from the project's policy when the session is created) and the mode its project's
-approval policy requires now. Before the host runs a call (CONTROLLER_MEDIATED, or
-REQUIRES_APPROVAL at its gate and again after the decision) it judges the call by the tool's
-classes, the union of what the host's tool configuration and the harness's descriptor declare (a
-tool neither classifies counts as write):
+or by the host from the project's policy when the session is created; this is the mode the harness
+is told) and the mode its project's approval policy requires now. Before the host runs a call
+(CONTROLLER_MEDIATED, or REQUIRES_APPROVAL at its gate and again after the decision) it judges the
+call by the tool's classes, the union of what the host's tool configuration and the harness's
+descriptor declare (a tool the host leaves unclassified counts as write):
 
 ==============  =========================  ==============================  =====================
 mode            write (or unclassified)    subprocess                      read-only, network
@@ -19,20 +19,36 @@ auto            run                        run                             run
 
 In every mode a subprocess the host cannot confine needs approval ("unconfinable subprocess"), and
 so does a write or subprocess tool whose workspace lies outside its configured roots ("writes
-outside the workspace"). A verdict is one of: run; gate (a REQUIRES_APPROVAL call's request carries
-the reason and waits for a decision as usual; a CONTROLLER_MEDIATED call, which v1 cannot park, is
-refused with the reason, saying to ask for approval); refuse (the host denies the request itself,
-or answers the call with an error result). Every refusal is an ordinary v1 record the harness sees.
-A mode only adds refusals and gates: it never approves a call the harness asked a person about.
+outside the workspace"). A verdict is one of:
+
+- **run**. A CONTROLLER_MEDIATED call runs. A REQUIRES_APPROVAL call is approved by the host (actor
+  ``host:policy``, subject ``mode:<mode>``) only when the harness declares the tool's class in its
+  descriptor and was told the session's mode: declaring the class hands the tool's requests to the
+  mode. Otherwise the request waits for a person (or a rule, or a grant) as before: a mode never
+  answers a request the harness meant for a person.
+- **gate**. A REQUIRES_APPROVAL call's request carries the mode's reason and waits for a decision
+  (rules and grants still apply). A CONTROLLER_MEDIATED call, which v1 cannot park, is refused with
+  the reason and ``needs_approval: true``, saying to ask with REQUIRES_APPROVAL.
+- **refuse**. The host denies the request itself (``mode:<mode>``), or answers the call with an
+  error result; no rule or grant overrides it, and it holds after a decision too.
+
+Every refusal is an ordinary v1 record the harness sees, with the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentsessions.host.controller.approval_policy import (
+    MODE_SUBJECT,
+    POLICY_PRINCIPAL,
+    GateDecision,
+    host_actor,
+)
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
 from agentsessions.host.tools.profile import ToolProfile
@@ -92,11 +108,27 @@ class Verdict:
     mode: str = ""
     reason: str = ""
     classes: tuple[str, ...] = ()
+    decides: bool = False  # the mode answers the tool's approval requests (see the module doc)
 
-    def refusal(self, call: common_pb2.ToolCall, *, approved: bool) -> common_pb2.ToolResult | None:
-        """The error result answering a call this verdict does not let run (None: it runs). An
-        approved call passes a gate (the decision answered it); nothing passes a refusal."""
-        if self.action == RUN or (self.action == GATE and approved):
+    def approval(self) -> GateDecision | None:
+        """The host's approval of a request the mode answers, or None (a person decides)."""
+        if self.action != RUN or not self.decides:
+            return None
+        return GateDecision(True, self.reason, host_actor(POLICY_PRINCIPAL, MODE_SUBJECT + self.mode))
+
+    def denial(self) -> GateDecision | None:
+        """The host's denial of a request the mode refuses, or None."""
+        if self.action != REFUSE:
+            return None
+        return GateDecision(False, self.reason, host_actor(POLICY_PRINCIPAL, MODE_SUBJECT + self.mode))
+
+    def refusal(
+        self, call: common_pb2.ToolCall, *, approved: bool, by_mode: bool = False
+    ) -> common_pb2.ToolResult | None:
+        """The error result answering a call this verdict does not let run (None: it runs). A
+        call approved by a person (or rule, or grant) passes a gate, the decision answered it; one
+        the mode approved itself must still be one the mode runs; nothing passes a refusal."""
+        if self.action == RUN or (self.action == GATE and approved and not by_mode):
             return None
         needs_approval = self.action == GATE
         message = f"refused by the host: {self.reason}"
@@ -158,20 +190,28 @@ def judge(
         gates.append(f"allow-edits mode: {what}, which needs approval")
     if gates:
         return Verdict(GATE, mode, "; ".join(gates), shown)
-    return Verdict(RUN, mode, "", shown)
+    if subprocess:
+        assert profile.confinement is not None
+        ran = f"runs confined: {profile.confinement.detail}"
+    else:
+        ran = "runs without approval"
+    return Verdict(RUN, mode, f"{mode or 'no'} mode: {what}, which {ran}", shown)
 
 
 class ModeCheck:
-    """The mode check of one execution's sink: its session's mode, the harness's declared tool
-    classes, and the host's tool profiles."""
+    """The mode check of one execution's sink: the session's mode (enforced, and as the harness
+    was told it), the harness's declared tool classes, and the host's tool profiles."""
 
     def __init__(
         self,
         mode: str,
         profiles: Profiles | None,
         harness_classes: Mapping[str, frozenset[str]] | None = None,
+        *,
+        announced: str = "",
     ) -> None:
         self.mode = mode
+        self.announced = announced
         self._profiles = profiles
         self._harness = dict(harness_classes or {})
 
@@ -184,7 +224,13 @@ class ModeCheck:
         descriptor: harness_pb2.HarnessDescriptor | None,
     ) -> ModeCheck:
         """The check for a session whose project's policy requires ``required`` ("" for none)."""
-        return cls(strictest(session_mode(row), required), profiles, harness_tool_classes(descriptor))
+        announced = session_mode(row)
+        return cls(
+            strictest(announced, required),
+            profiles,
+            harness_tool_classes(descriptor),
+            announced=announced,
+        )
 
     async def verdict(self, call: common_pb2.ToolCall) -> Verdict | None:
         """The verdict on a call, or None when no executor serves its tool (the registry then
@@ -198,12 +244,17 @@ class ModeCheck:
         if profile.workspace is not None:
             args = struct_to_python(call.args if call.HasField("args") else None)
             outside = await profile.workspace.outside(args)
-        verdict = judge(call.tool, self.mode, profile, self._harness.get(call.tool, frozenset()), outside)
+        declared = self._harness.get(call.tool)
+        verdict = judge(call.tool, self.mode, profile, declared or frozenset(), outside)
         if verdict.action != RUN:
-            log.info(
-                "tool %s: %s by the host (%s)",
-                call.tool,
-                "gated" if verdict.action == GATE else "refused",
-                verdict.reason,
-            )
-        return verdict
+            said = "gated" if verdict.action == GATE else "refused"
+            log.info("tool %s: %s by the host: %s", call.tool, said, verdict.reason)
+        # Only a harness that was told the mode and classified the tool handed its requests to it.
+        decides = bool(self.announced) and declared is not None
+        return dataclasses.replace(verdict, decides=decides) if decides else verdict
+
+
+def decided_by_mode(decision: common_pb2.Event) -> bool:
+    """Whether a recorded decision is one a session's mode made."""
+    actor = decision.actor
+    return actor.principal == POLICY_PRINCIPAL and actor.subject.startswith(MODE_SUBJECT)

@@ -28,11 +28,11 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from agentsessions.host.controller.approval_policy import SessionGate, mode_denial
+from agentsessions.host.controller.approval_policy import SessionGate
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
-from agentsessions.host.controller.modes import GATE, REFUSE, ModeCheck
+from agentsessions.host.controller.modes import GATE, ModeCheck, decided_by_mode
 from agentsessions.host.controller.tools import ToolInvoker, check_host_call, check_reported_result
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
@@ -318,11 +318,15 @@ class ExecutionSink:
             return await self._approval_gate(intent, Effect("tool", common_pb2.Event(tool=intent)))
         return await self._execute(intent)
 
-    async def _execute(self, call: common_pb2.ToolCall, **receipt: int) -> common_pb2.ToolResult:
+    async def _execute(
+        self, call: common_pb2.ToolCall, *, by_mode: bool = False, **receipt: int
+    ) -> common_pb2.ToolResult:
         if self._tools is None:
             raise MissingToolExecutorError(call.tool, [])  # the registry raises it for unknown tools
         verdict = await self._modes.verdict(call) if self._modes is not None else None
-        refusal = verdict.refusal(call, approved=bool(receipt)) if verdict is not None else None
+        refusal = (
+            verdict.refusal(call, approved=bool(receipt), by_mode=by_mode) if verdict is not None else None
+        )
         # The mode's refusal answers the call in place of the executor, journaled the same way.
         result = refusal if refusal is not None else await self._tools.execute(self.session, call)
         stored = common_pb2.ToolResult()
@@ -357,15 +361,15 @@ class ExecutionSink:
         else:
             request_seq = effect.approval_request[0]
         if effect.approval_result is None:
-            # A decision of the host's own (mode, policy rule, session grant) is journaled like a
-            # person's; the mode's refusal comes first and no rule or grant overrides it.
-            decided = None
-            if verdict is not None and verdict.action == REFUSE:
-                decided = mode_denial(verdict.mode, verdict.reason).event(
-                    self.execution_id, call.id, request_seq
-                )
-            elif self._gate is not None:
+            # A decision of the host's own is journaled like a person's: the mode's refusal first
+            # (nothing overrides it), then a policy rule or a session grant, then the mode's approval.
+            host = verdict.denial() if verdict is not None else None
+            decided = host.event(self.execution_id, call.id, request_seq) if host is not None else None
+            if decided is None and self._gate is not None:
                 decided = await self._gate.decide(call, self.execution_id, request_seq)
+            if decided is None and verdict is not None:
+                host = verdict.approval()
+                decided = host.event(self.execution_id, call.id, request_seq) if host is not None else None
             if decided is not None:
                 rec = await self._record(decided)
                 effect.approval_result = (rec.seq, rec.event)
@@ -391,7 +395,9 @@ class ExecutionSink:
             )
             await self._record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=receipt))
             return receipt
-        return await self._execute(call, request_seq=request_seq, decision_seq=decision_seq)
+        return await self._execute(
+            call, by_mode=decided_by_mode(decision_event), request_seq=request_seq, decision_seq=decision_seq
+        )
 
 
 def _tool_identity(call: common_pb2.ToolCall) -> tuple[str, str, bytes, int, str, bool]:
