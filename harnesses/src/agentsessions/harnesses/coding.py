@@ -334,8 +334,13 @@ class _AgentLoop:
             return await self._ex.call_tool(dataclasses.replace(call, mediation=_REPORTED), _refuse(why))
         if mediation == _APPROVAL:
             gated = dataclasses.replace(call, args=self._host_args(call.name, call.args), mediation=_APPROVAL)
-            why = "the session's mode decides" if self._ex.host_mode else "needs approval"
-            return await self._ex.call_tool(gated, reason=f"{call.name} {why} in {self._config.mode} mode")
+            mode = self._config.mode
+            why = (
+                f"for the host's {mode} mode to decide"
+                if self._ex.host_mode
+                else f"needs approval in {mode} mode"
+            )
+            return await self._ex.call_tool(gated, reason=f"{call.name} {why}")
         return await self._ex.call_tool(
             dataclasses.replace(call, mediation=_REPORTED), self._workspace_tool(call.name)
         )

@@ -48,6 +48,7 @@ Flags (repeatable; the host CLI adds them and passes the strings here):
         timeout_arg = "timeout_s"            # optional: an argument that may lower it
         network = false                      # optional: true keeps the host's network (class network)
         confine = true                       # optional: false always runs it unconfined (so gated)
+        private_tmp = true                   # optional: an empty /tmp of its own (false: the host's, read-only)
         env = { LANG = "C.UTF-8" }           # optional, over PATH/LANG/LC_ALL/TZ, HOME=workspace
         output_limit_bytes = 65536           # optional cap on stdout and on stderr
 
@@ -426,6 +427,7 @@ _SUBPROCESS_KEYS = {
     "timeout_arg",
     "network",
     "confine",
+    "private_tmp",
     "env",
     "output_limit_bytes",
 }
@@ -451,6 +453,7 @@ def _subprocess_tool(table: object, at: str) -> SubprocessTool:
         network=reader.flag("network", False),
         env=reader.string_map("env") or {},
         confine=reader.flag("confine", True),
+        private_tmp=reader.flag("private_tmp", True),
         output_limit_bytes=reader.count("output_limit_bytes", DEFAULT_OUTPUT_LIMIT_BYTES),
     )
 

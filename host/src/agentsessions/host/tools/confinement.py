@@ -1,8 +1,8 @@
 """Running a host-started tool process confined: bubblewrap (Debian's ``bubblewrap`` package).
 
 A confined process gets no network (a network namespace of its own holding only a loopback
-device), its workspace writable, a private empty ``/tmp``, and the rest of the file system
-read-only; it cannot outlive the host (``--die-with-parent``) and starts a session of its own.
+device), its workspace writable, a private empty ``/tmp`` (unless the tool sets ``private_tmp =
+false``: then the host's ``/tmp``, read-only), and the rest of the file system read-only; it cannot outlive the host (``--die-with-parent``) and starts a session of its own.
 A tool configured with ``network = true`` keeps the host's network (and declares the class).
 
 Whether it can is found out once, by running ``true`` under the same options (:meth:`Bubblewrap.probe`):
@@ -29,8 +29,9 @@ PROBE_TIMEOUT_S = 10.0
 _STDERR_LIMIT = 2000
 
 
-def _isolation(network: bool) -> list[str]:
+def _isolation(network: bool, private_tmp: bool) -> list[str]:
     shared = ["--share-net"] if network else []
+    scratch = ["--tmpfs", "/tmp"] if private_tmp else []
     return [
         "--die-with-parent",
         "--new-session",
@@ -43,8 +44,7 @@ def _isolation(network: bool) -> list[str]:
         "/dev",
         "--proc",
         "/proc",
-        "--tmpfs",
-        "/tmp",
+        *scratch,
     ]
 
 
@@ -81,7 +81,7 @@ class Bubblewrap:
         try:
             process = await asyncio.create_subprocess_exec(
                 binary,
-                *_isolation(False),
+                *_isolation(False, True),
                 "--",
                 "true",
                 stdin=asyncio.subprocess.DEVNULL,
@@ -107,13 +107,16 @@ class Bubblewrap:
             )
         return Confinement(True, self.describe(False))
 
-    def command(self, argv: Sequence[str], workspace: str, *, network: bool) -> list[str]:
-        """``argv`` confined to ``workspace`` (call after a successful :meth:`probe`)."""
+    def command(
+        self, argv: Sequence[str], workspace: str, *, network: bool, private_tmp: bool = True
+    ) -> list[str]:
+        """``argv`` confined to ``workspace`` (call after a successful :meth:`probe`);
+        ``private_tmp``: an empty ``/tmp`` of its own (else the host's, read-only)."""
         if not self._binary:
             raise RuntimeError("bubblewrap has not been probed successfully")
         return [
             self._binary,
-            *_isolation(network),
+            *_isolation(network, private_tmp),
             "--bind",
             workspace,
             workspace,

@@ -56,6 +56,7 @@ class SubprocessTool:
     network: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     confine: bool = True
+    private_tmp: bool = True
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT_BYTES
 
     def placeholders(self) -> list[str]:
@@ -124,7 +125,9 @@ class SubprocessExecutor:
         confinement = self.confinement(tool)
         if confinement.confined and self._bubblewrap is not None:
             log.info("tool %s: running confined: %s", call.tool, confinement.detail)
-            argv = self._bubblewrap.command(argv, workspace, network=tool.network)
+            argv = self._bubblewrap.command(
+                argv, workspace, network=tool.network, private_tmp=tool.private_tmp
+            )
         else:
             log.warning("tool %s: running unconfined (after approval): %s", call.tool, confinement.detail)
         outcome = await _run(
