@@ -124,7 +124,7 @@ async def test_plan_mode_offers_only_reads_whatever_the_config_says(
 async def test_auto_mode_hands_changes_to_the_host_which_runs_them_confined(
     store: JournalStore, tmp_path: Path
 ) -> None:
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     workspace = repo(tmp_path)
     async with coding_host(store, tmp_path, build_and_run(), bwrap) as host:
         uid = await coding_session(host, "auto")

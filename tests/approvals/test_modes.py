@@ -34,6 +34,7 @@ from tests.tools.bwrap import bwrap_or_skip
 
 K = common_pb2.EventKind
 MISSING_BWRAP = "/nonexistent/agentsessions-test/bwrap"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tools_config(tmp_path: Path, bwrap: str) -> dict[str, Any]:
@@ -342,7 +343,7 @@ async def test_a_subprocess_without_bubblewrap_is_gated_and_the_receipt_says_so(
 async def test_auto_mode_runs_a_declared_subprocess_confined(
     store: JournalStore, tmp_path: Path, work: Path
 ) -> None:
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     async with mode_host(store, tmp_path, bwrap=bwrap) as (host, _):
         uid = await session(host, mode="auto")
         recs = records(
@@ -423,17 +424,17 @@ async def test_a_mode_refusal_holds_after_a_persons_approval(
 async def test_the_mode_and_the_decisions_reason_reach_a_harness_over_the_wire(
     store: JournalStore, tmp_path: Path, notes: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
-    async with harness_process(serve_argv("tests.approvals.mode_harnesses:ModeHarness")) as proc:
-        async with mode_host(store, tmp_path, remote={"wired": proc.address}) as (host, _):
-            uid = await session(host, mode="plan", harness="wired")
-            write = {"tool": "write_note", "mediation": "approval", "args": {"dir": str(notes)}}
-            recs = records(await host.exec(say(uid, "go", config=calls(write))))
-            harness_saw = seen(recs)[0]
-            assert harness_saw["host_mode"] == "plan"
-            assert harness_saw["decision"]["approved"] is False
-            assert harness_saw["decision"]["reason"].startswith("plan mode: write_note is a write tool")
-            assert kinds(recs)[-1] == "END"
-            report = await host.controller.replay(uid)
-            assert report.model_calls == 0
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    served = harness_process(serve_argv("tests.approvals.mode_harnesses:ModeHarness"))
+    async with served as proc, mode_host(store, tmp_path, remote={"wired": proc.address}) as (host, _):
+        uid = await session(host, mode="plan", harness="wired")
+        write = {"tool": "write_note", "mediation": "approval", "args": {"dir": str(notes)}}
+        recs = records(await host.exec(say(uid, "go", config=calls(write))))
+        harness_saw = seen(recs)[0]
+        assert harness_saw["host_mode"] == "plan"
+        assert harness_saw["decision"]["approved"] is False
+        assert harness_saw["decision"]["reason"].startswith("plan mode: write_note is a write tool")
+        assert kinds(recs)[-1] == "END"
+        report = await host.controller.replay(uid)
+        assert report.model_calls == 0
     assert not (notes / "note.txt").exists()

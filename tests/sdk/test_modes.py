@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from agentsessions.harnesses.coding import CodingHarness
-from agentsessions.host.models.scripted import assistant_text
 from agentsessions.sdk.extensions import MODE, connect_metadata, parse_connect_metadata
 from agentsessions.sdk.modes import check_mode, declared_tool_classes, strictest, with_tool_classes
 from agentsessions.sdk.testing import HarnessEnvironment
@@ -24,11 +23,10 @@ def test_strictest_ranks_plan_first_and_skips_no_mode() -> None:
 def test_the_tool_class_tag_round_trips_through_a_description() -> None:
     described = with_tool_classes("Fetch a URL.", ["read-only", "network"])
     assert described == "Fetch a URL. [tool-class: read-only, network]"
-    assert declared_tool_classes(described) == {"read-only", "network"}
+    assert declared_tool_classes(described) == frozenset({"read-only", "network"})
     assert declared_tool_classes("Fetch a URL.") is None, "no tag: nothing declared"
-    assert declared_tool_classes("x [tool-class: write, teleport]") == {"write", "teleport"}, (
-        "kept as written"
-    )
+    kept = declared_tool_classes("x [tool-class: write, teleport]")
+    assert kept == frozenset({"write", "teleport"}), "kept as written"
     assert declared_tool_classes("[tool-class: write] and more") is None, "the tag ends the description"
     with pytest.raises(ValueError):
         with_tool_classes("x", ["writes"])
@@ -48,12 +46,12 @@ async def test_the_coding_harness_declares_its_classes_and_follows_the_announced
     descriptor = await harness.describe()
     declared = {spec.name: declared_tool_classes(spec.description) for spec in descriptor.tools}
     assert declared == {
-        "read_file": {"read-only"},
-        "list_dir": {"read-only"},
-        "write_file": {"write"},
-        "edit_file": {"write"},
-        "run_shell": {"subprocess"},
+        "read_file": frozenset({"read-only"}),
+        "list_dir": frozenset({"read-only"}),
+        "write_file": frozenset({"write"}),
+        "edit_file": frozenset({"write"}),
+        "run_shell": frozenset({"subprocess"}),
     }
-    env = HarnessEnvironment(harness, model=[assistant_text("nothing to change")], host_mode="plan")
+    env = HarnessEnvironment(harness, model=["nothing to change"], host_mode="plan")
     await env.run("look around")
     assert [tool.name for tool in env.requests[0].tools] == ["read_file", "list_dir"]

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
+from agentsessions.host.tools import Bubblewrap
 
-def bwrap_or_skip() -> str:
-    """The bubblewrap binary on PATH; without one the test skips, or fails when ``CI`` is set
-    (.ci/run installs Debian's bubblewrap, so CI always confines for real)."""
-    found = shutil.which("bwrap")
-    if found is None:
-        message = "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
+
+async def bwrap_or_skip() -> str:
+    """The bubblewrap on PATH, once the host's own probe says it confines here; otherwise the test
+    skips, or fails when ``CI`` is set (.ci/run installs Debian's bubblewrap, so CI always
+    confines for real)."""
+    bubblewrap = Bubblewrap()
+    status = await bubblewrap.probe()
+    if not status.confined:
+        message = f"cannot confine here ({status.detail}): apt-get install -y bubblewrap"
         if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI is set, so confinement must be tested)")
+            pytest.fail(f"{message}; CI is set, so confinement must be tested")
         pytest.skip(message)
-    return found
+    return bubblewrap.binary

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from google.protobuf import json_format, struct_pb2
 
+from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.tools import (
     Bubblewrap,
     SubprocessExecutor,
@@ -23,7 +24,6 @@ from agentsessions.host.tools import (
     WorkspaceRule,
     tools_config_from_mapping,
 )
-from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2
 from tests.tools.bwrap import bwrap_or_skip
 
@@ -108,7 +108,7 @@ def connect_tool(workspace: Path, *, confine: bool) -> SubprocessTool:
 async def test_a_confined_subprocess_cannot_reach_a_loopback_server(
     tmp_path: Path, listener: Listener
 ) -> None:
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     executor = await started(
         [connect_tool(tmp_path, confine=False), connect_tool(tmp_path, confine=True)], bwrap
     )
@@ -125,7 +125,7 @@ async def test_a_confined_subprocess_cannot_reach_a_loopback_server(
     assert confined["exit_code"] != 0, confined
     assert "connected" not in confined["stdout"]
     # A connection the confined run made would be accepted before this one: the server saw none.
-    reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+    _, writer = await asyncio.open_connection("127.0.0.1", listener.port)
     writer.write(b"sentinel\n")
     await writer.drain()
     writer.close()
@@ -145,7 +145,7 @@ def write_tool(workspace: Path, *, confine: bool, private_tmp: bool = True) -> S
 
 @pytest.mark.parametrize("private_tmp", [True, False], ids=["private-tmp", "read-only-tmp"])
 async def test_a_confined_subprocess_writes_only_its_workspace(tmp_path: Path, private_tmp: bool) -> None:
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     workspace, outside = tmp_path / "workspace", tmp_path / "outside"
     workspace.mkdir()
     outside.mkdir()
@@ -171,7 +171,7 @@ async def test_a_confined_subprocess_writes_only_its_workspace(tmp_path: Path, p
 
 
 async def test_a_confined_run_that_outlives_its_bound_is_killed(tmp_path: Path) -> None:
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     tool = SubprocessTool(
         name="hang",
         command=("/bin/sh", "-c", "echo started; sleep 600"),
@@ -214,7 +214,7 @@ async def test_without_bubblewrap_the_profile_says_the_tool_cannot_be_confined(t
 
 async def test_a_subprocess_tool_from_the_tools_config(store: JournalStore, tmp_path: Path) -> None:
     """The whole path a host takes: a [[subprocess]] entry, the registry, its profile and a run."""
-    bwrap = bwrap_or_skip()
+    bwrap = await bwrap_or_skip()
     workspace = tmp_path / "repos" / "one"
     workspace.mkdir(parents=True)
     document = {

@@ -48,7 +48,7 @@ Flags (repeatable; the host CLI adds them and passes the strings here):
         timeout_arg = "timeout_s"            # optional: an argument that may lower it
         network = false                      # optional: true keeps the host's network (class network)
         confine = true                       # optional: false always runs it unconfined (so gated)
-        private_tmp = true                   # optional: an empty /tmp of its own (false: the host's, read-only)
+        private_tmp = true                   # optional: an empty /tmp (false: the host's, read-only)
         env = { LANG = "C.UTF-8" }           # optional, over PATH/LANG/LC_ALL/TZ, HOME=workspace
         output_limit_bytes = 65536           # optional cap on stdout and on stderr
 

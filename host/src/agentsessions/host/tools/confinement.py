@@ -2,13 +2,14 @@
 
 A confined process gets no network (a network namespace of its own holding only a loopback
 device), its workspace writable, a private empty ``/tmp`` (unless the tool sets ``private_tmp =
-false``: then the host's ``/tmp``, read-only), and the rest of the file system read-only; it cannot outlive the host (``--die-with-parent``) and starts a session of its own.
-A tool configured with ``network = true`` keeps the host's network (and declares the class).
+false``: then the host's ``/tmp``, read-only), and the rest of the file system read-only; it cannot
+outlive the host (``--die-with-parent``) and starts a session of its own. A tool configured with
+``network = true`` keeps the host's network (and declares the class).
 
-Whether it can is found out once, by running ``true`` under the same options (:meth:`Bubblewrap.probe`):
-a missing binary or a kernel that refuses the namespaces gives an unconfined :class:`Confinement`
-saying why, and the mode check then gates the tool on approval ("confine if you can, gate if you
-can't", docs/modes.md).
+Whether it can is found out once, by running ``true`` under the same options
+(:meth:`Bubblewrap.probe`): a missing binary or a kernel that refuses the namespaces gives an
+unconfined :class:`Confinement` saying why, and the mode check then gates the tool on approval
+("confine if you can, gate if you can't", docs/modes.md).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class Bubblewrap:
         self._status: Confinement | None = None
         self._lock = asyncio.Lock()
         self._binary = ""
+
+    @property
+    def binary(self) -> str:
+        """The binary a successful probe found ("" before one)."""
+        return self._binary
 
     def describe(self, network: bool) -> str:
         reach = "the host's network" if network else "no network"
