@@ -246,9 +246,6 @@ class ModeCheck:
             outside = await profile.workspace.outside(args)
         declared = self._harness.get(call.tool)
         verdict = judge(call.tool, self.mode, profile, declared or frozenset(), outside)
-        if verdict.action != RUN:
-            said = "gated" if verdict.action == GATE else "refused"
-            log.info("tool %s: %s by the host: %s", call.tool, said, verdict.reason)
         # Only a harness that was told the mode and classified the tool handed its requests to it.
         decides = bool(self.announced) and declared is not None
         return dataclasses.replace(verdict, decides=decides) if decides else verdict

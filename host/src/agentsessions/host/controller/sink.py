@@ -24,6 +24,7 @@ the mode's reason. ``host_mode`` is the session's mode as announced to the harne
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+
+log = logging.getLogger(__name__)
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 K = common_pb2
@@ -328,6 +331,8 @@ class ExecutionSink:
             verdict.refusal(call, approved=bool(receipt), by_mode=by_mode) if verdict is not None else None
         )
         # The mode's refusal answers the call in place of the executor, journaled the same way.
+        if refusal is not None:
+            log.info("session %s: tool %s refused by the host: %s", self.session, call.tool, refusal.error)
         result = refusal if refusal is not None else await self._tools.execute(self.session, call)
         stored = common_pb2.ToolResult()
         stored.CopyFrom(result)
@@ -349,6 +354,7 @@ class ExecutionSink:
         if effect.approval_request is None:
             reason = self._reasons.pop(call.id, "")
             if verdict is not None and verdict.action == GATE:
+                log.info("session %s: tool %s needs approval: %s", self.session, call.tool, verdict.reason)
                 reason = f"{verdict.reason}; {reason}" if reason else verdict.reason
             request = common_pb2.Event(
                 kind=K.EVENT_APPROVAL_REQUEST,
@@ -365,6 +371,8 @@ class ExecutionSink:
             # (nothing overrides it), then a policy rule or a session grant, then the mode's approval.
             host = verdict.denial() if verdict is not None else None
             decided = host.event(self.execution_id, call.id, request_seq) if host is not None else None
+            if host is not None:
+                log.info("session %s: tool %s refused by the host: %s", self.session, call.tool, host.reason)
             if decided is None and self._gate is not None:
                 decided = await self._gate.decide(call, self.execution_id, request_seq)
             if decided is None and verdict is not None:
