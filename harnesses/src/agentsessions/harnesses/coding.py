@@ -20,6 +20,15 @@ allow-edits   harness, reported   harness, reported        host, after approval
 auto          harness, reported   harness, reported        harness, reported
 ============  ==================  =======================  ==================
 
+The mode is the execution config's ``mode`` (else the harness's default) unless the host sets
+one (``Execution.host_mode``: the session's ``agentsessions.io/mode``, docs/modes.md). Then the
+host's mode is the mode, and every tool that changes something goes to the host as a
+REQUIRES_APPROVAL call for the mode to decide: the descriptor declares each tool's class
+(``[tool-class: ...]``, ``agentsessions.sdk.modes``), which hands those requests to the mode. In
+``allow-edits`` the host approves edits by itself, in ``auto`` edits and shell commands (the
+latter only where it runs them confined; elsewhere a person decides, the request saying why), in
+``ask-before`` a person decides, and ``plan`` offers no such tool. Reads stay in the harness.
+
 "Harness, reported" calls run here and are journaled (reported) before the model sees their
 result. "Host, after approval" calls go to the host with REQUIRES_APPROVAL and a reason naming the
 mode: the host journals the intent and parks the execution (the park propagates out of ``run``
@@ -76,6 +85,7 @@ from agentsessions.sdk import (
     ToolSpec,
 )
 from agentsessions.sdk.cli import serve_main
+from agentsessions.sdk.modes import READ_ONLY, SUBPROCESS, WRITE, with_tool_classes
 
 MODES = ("plan", "ask-before", "allow-edits", "auto")
 DEFAULT_MODE = "ask-before"
@@ -116,6 +126,20 @@ _MEDIATION: dict[str, dict[str, Mediation]] = {
         "edit_file": _REPORTED,
         "run_shell": _REPORTED,
     },
+}
+
+
+# Who runs each tool under a host's mode: reads here, the rest by the host, as the mode decides.
+_HOSTED: dict[str, dict[str, Mediation]] = {
+    mode: _MEDIATION["ask-before"] if mode != "plan" else _MEDIATION["plan"] for mode in MODES
+}
+
+_CLASSES = {
+    "read_file": READ_ONLY,
+    "list_dir": READ_ONLY,
+    "write_file": WRITE,
+    "edit_file": WRITE,
+    "run_shell": SUBPROCESS,
 }
 
 
@@ -260,13 +284,19 @@ class CodingHarness(NativeHarness):
             version=VERSION,
             models=(model,) if model else (),
             tools=tuple(
-                ToolSpec(name=name, description=_TOOLS[name][0], mediation=default.get(name, _APPROVAL))
+                ToolSpec(
+                    name=name,
+                    description=with_tool_classes(_TOOLS[name][0], [_CLASSES[name]]),
+                    mediation=default.get(name, _APPROVAL),
+                )
                 for name in _TOOLS
             ),
         )
 
     async def execute(self, ex: Execution) -> None:
         config = parse_config(ex.start.config, self._defaults)
+        if ex.host_mode:
+            config = dataclasses.replace(config, mode=ex.host_mode)  # the host's mode is the mode
         try:
             workspace = await asyncio.to_thread(Workspace.open, config.workspace)
         except CodingToolError as exc:
@@ -281,7 +311,7 @@ class _AgentLoop:
         self._ex = ex
         self._config = config
         self._workspace = workspace
-        self._mediation = _MEDIATION[config.mode]
+        self._mediation = (_HOSTED if ex.host_mode else _MEDIATION)[config.mode]
         self._tools = tool_definitions(config.mode)
 
     async def run(self) -> None:
@@ -304,9 +334,13 @@ class _AgentLoop:
             return await self._ex.call_tool(dataclasses.replace(call, mediation=_REPORTED), _refuse(why))
         if mediation == _APPROVAL:
             gated = dataclasses.replace(call, args=self._host_args(call.name, call.args), mediation=_APPROVAL)
-            return await self._ex.call_tool(
-                gated, reason=f"{call.name} needs approval in {self._config.mode} mode"
+            mode = self._config.mode
+            why = (
+                f"for the host's {mode} mode to decide"
+                if self._ex.host_mode
+                else f"needs approval in {mode} mode"
             )
+            return await self._ex.call_tool(gated, reason=f"{call.name} {why}")
         return await self._ex.call_tool(
             dataclasses.replace(call, mediation=_REPORTED), self._workspace_tool(call.name)
         )

@@ -287,10 +287,12 @@ class _Bridge:
         start = self._start
         sink = self._sink
         replaying = recorded_results(sink)
+        mode = getattr(sink, "host_mode", "")  # the session's mode, when the host's sink says
+        mode = mode if isinstance(mode, str) else ""
         if replaying is not None and replaying.recorded_effects > 0:
-            extensions = connect_metadata(replaying.run_mode, replaying.recorded_effects)
+            extensions = connect_metadata(replaying.run_mode, replaying.recorded_effects, mode)
         else:
-            extensions = connect_metadata("live", 0)
+            extensions = connect_metadata("live", 0, mode)
         try:
             # The turn's trace context rides along, so the harness's spans join the turn.
             self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))

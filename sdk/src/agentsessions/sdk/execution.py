@@ -146,6 +146,14 @@ class Execution:
         return self._recorded_results.run_mode if self._recorded_results is not None else LIVE
 
     @property
+    def host_mode(self) -> str:
+        """The session's mode as the host announced it (``agentsessions.sdk.modes``: "plan",
+        "ask-before", "allow-edits" or "auto"), "" when it has none or the host announces none.
+        The same on every run of the execution; the host enforces it on the calls it runs."""
+        mode = getattr(self.sink, "host_mode", "")
+        return mode if isinstance(mode, str) else ""
+
+    @property
     def inputs(self) -> list[Message]:
         """This execution's inputs."""
         if self._inputs is None:

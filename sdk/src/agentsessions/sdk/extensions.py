@@ -24,6 +24,12 @@ from this host.
     ApprovalRequest{tool_call_id, reason}}`` (no reply); the host journals that reason in the
     APPROVAL_REQUEST record it writes for the call. (The decision's reason needs no extension:
     v1's ``ControllerFrame.approval`` carries it.)
+
+``agentsessions-mode: plan | ask-before | allow-edits | auto`` (absent: the session has no mode)
+    The session's mode (``agentsessions.sdk.modes``), the same on every run of an execution (live,
+    recovery, replay), so a harness that follows it re-runs identically. Whatever the harness
+    does, the host enforces a mode at least this strict on every call it runs; a harness follows
+    it for the tools it runs itself.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agentsessions.sdk.modes import MODES
+
 RUN_MODE = "agentsessions-run"
 RECORDED_EFFECTS = "agentsessions-recorded-effects"
 FEATURES = "agentsessions-features"
 APPROVAL_REASON = "approval-reason"
+MODE = "agentsessions-mode"
 
 LIVE = "live"
 RECOVERY = "recovery"
@@ -49,17 +58,21 @@ class ConnectExtensions:
     run_mode: str = LIVE
     recorded_effects: int = 0
     approval_reason: bool = False
+    mode: str = ""  # the session's mode ("" when it has none)
 
 
 NONE = ConnectExtensions()
 
 
-def connect_metadata(run_mode: str, recorded_effects: int) -> list[tuple[str, str]]:
-    """The metadata the host sends on a Connect call for a run of this mode."""
+def connect_metadata(run_mode: str, recorded_effects: int, mode: str = "") -> list[tuple[str, str]]:
+    """The metadata the host sends on a Connect call for a run of this kind (``mode``: the
+    session's mode, if it has one)."""
     metadata = [(FEATURES, APPROVAL_REASON)]
     if run_mode in _MODES:
         metadata.append((RUN_MODE, run_mode))
         metadata.append((RECORDED_EFFECTS, str(recorded_effects)))
+    if mode:
+        metadata.append((MODE, mode))
     return metadata
 
 
@@ -70,6 +83,7 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
     mode = LIVE
     recorded = 0
     reason = False
+    session_mode = ""
     for key, value in metadata:
         if not isinstance(value, str):
             continue
@@ -79,8 +93,12 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
             recorded = int(value)
         elif key == FEATURES:
             reason = APPROVAL_REASON in (v.strip() for v in value.split(","))
+        elif key == MODE and value in MODES:
+            session_mode = value
     if mode == LIVE:
         recorded = 0
-    if (mode, recorded, reason) == (LIVE, 0, False):
+    if (mode, recorded, reason, session_mode) == (LIVE, 0, False, ""):
         return NONE
-    return ConnectExtensions(run_mode=mode, recorded_effects=recorded, approval_reason=reason)
+    return ConnectExtensions(
+        run_mode=mode, recorded_effects=recorded, approval_reason=reason, mode=session_mode
+    )

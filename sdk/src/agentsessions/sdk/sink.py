@@ -62,6 +62,7 @@ class StreamSink:
         self._extensions = extensions
         self.recorded_effects = extensions.recorded_effects
         self.run_mode = extensions.run_mode
+        self.host_mode = extensions.mode  # the session's mode, as the host announced it
         self._lock = asyncio.Lock()
         self._seal: SinkError | None = None
         self._calls = 0

@@ -115,7 +115,8 @@ class HarnessEnvironment:
     host-run tools (CONTROLLER_MEDIATED and, once approved, REQUIRES_APPROVAL calls) by name;
     ``journal`` seeds the session with earlier events (a history written elsewhere). ``events``
     is the journal so far, ``requests`` every model request made live, ``tool_runs`` every host
-    tool run, ``model_calls`` how many times the model was called.
+    tool run, ``model_calls`` how many times the model was called. ``host_mode`` is the session's
+    mode the environment announces to the harness (``Execution.host_mode``); it enforces none.
     """
 
     def __init__(
@@ -126,9 +127,11 @@ class HarnessEnvironment:
         tools: Mapping[str, HostTool] | None = None,
         journal: Iterable[common_pb2.Event] = (),
         session: str = SESSION,
+        host_mode: str = "",
     ) -> None:
         self.harness = require_harness(harness, "HarnessEnvironment")
         self.session = session
+        self.host_mode = host_mode  # the session's mode the sinks announce (agentsessions.sdk.modes)
         self._model = model
         self._script_next = 0
         self.tools = dict(tools or {})
@@ -531,6 +534,7 @@ class ScriptedSink:
         self.live = live
         self.recorded_effects = len(effects)
         self.run_mode = "replay" if not live else ("recovery" if effects else "live")
+        self.host_mode = env.host_mode
         self.closed = False
         self.parked: ApprovalParkedError | None = None
         self.results_served = 0

@@ -1,7 +1,8 @@
-"""Decisions the host makes itself at an approval gate: policy rules, session grants, expiry.
+"""Decisions the host makes itself at an approval gate: policy rules, session grants, expiry, and
+the mode a project requires.
 
 The reference host has no policy hook (spec 4.6: "no expiry, policy hook, timeout or
-auto-decision"); this host adds three, all journaled as ordinary decision records
+auto-decision"); this host adds four, all journaled as ordinary decision records
 (``EVENT_APPROVAL_RESULT``) so replay, recovery and the receipt rules stay exactly as for a human
 decision. A host decision's ``actor`` names the host, never a person:
 ``IdentityRef{principal: "host:policy" | "host:expiry", issuer: "agentsessions", subject: <why>}``.
@@ -24,10 +25,17 @@ decision. A host decision's ``actor`` names the host, never a person:
    record with the time it was made; a request recorded without one (before expiry was configured)
    ages from the first time this host process saw it.
 
+4. **Modes** (``mode``: plan, ask-before, allow-edits or auto; docs/modes.md): the mode a project's
+   sessions must run in at least. A new session's ``agentsessions.io/mode`` annotation records it
+   (the stricter of the creator's and the project's); the execution sinks enforce it on every
+   call the host runs (``agentsessions.host.controller.modes``), and a refusal at a gate is
+   journaled as a host decision whose actor's subject is ``mode:<mode>``.
+
 Policy file (every key optional; ``rules`` at the top level apply to every project)::
 
     expire_after_s = 900
     session_grants = true
+    mode = "ask-before"
 
     [[rules]]
     name = "reads"
@@ -65,6 +73,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from agentsessions.sdk.modes import MODES
 from agentsessions.v1 import common_pb2
 
 K = common_pb2.EventKind
@@ -73,11 +82,13 @@ HOST_ISSUER = "agentsessions"
 POLICY_PRINCIPAL = "host:policy"
 EXPIRY_PRINCIPAL = "host:expiry"
 SESSION_GRANT_PREFIX = "allow-session:"
+SESSION_GRANT_SUBJECT = "session-grant"
+MODE_SUBJECT = "mode:"  # the subject of a decision the session's mode made (controller/modes.py)
 ANY_PROJECT = "*"
 
 _DECISIONS = {"approve": True, "deny": False}
 _RULE_KEYS = {"name", "tool", "args", "decision", "reason"}
-_SCOPE_KEYS = {"expire_after_s", "session_grants", "rules"}
+_SCOPE_KEYS = {"expire_after_s", "session_grants", "rules", "mode"}
 _TOP_KEYS = _SCOPE_KEYS | {"projects"}
 
 
@@ -115,6 +126,7 @@ class ProjectPolicy:
     rules: tuple[Rule, ...] = ()
     expire_after_s: float | None = None
     session_grants: bool | None = None  # None: as the enclosing scope says (default on)
+    mode: str | None = None  # None: as the enclosing scope says (default: no mode)
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,13 @@ class ApprovalPolicy:
             return scoped.session_grants
         return self.default.session_grants is not False
 
+    def mode_for(self, project: str) -> str:
+        """The mode ``project``'s sessions must run in at least ("" for none)."""
+        scoped = self.projects.get(project)
+        if scoped is not None and scoped.mode is not None:
+            return scoped.mode
+        return self.default.mode or ""
+
     def rules_for(self, project: str) -> tuple[Rule, ...]:
         scoped = self.projects.get(project)
         return (scoped.rules if scoped is not None else ()) + self.default.rules
@@ -235,7 +254,7 @@ class ApprovalPolicy:
                 seq, actor = grant
                 by = f" by {actor.principal}" if actor.principal else ""
                 reason = f"session grant for {call.tool}: decision at seq {seq}{by}"
-                return GateDecision(True, reason, host_actor(POLICY_PRINCIPAL, "session-grant"))
+                return GateDecision(True, reason, host_actor(POLICY_PRINCIPAL, SESSION_GRANT_SUBJECT))
         return None
 
     def expired(
@@ -352,6 +371,9 @@ def _scope(document: Mapping[str, Any], where: str, label: str) -> ProjectPolicy
     grants = document.get("session_grants")
     if grants is not None and not isinstance(grants, bool):
         raise ApprovalPolicyError(f"{where}: session_grants must be true or false, got {grants!r}")
+    mode = document.get("mode")
+    if mode is not None and mode not in MODES:
+        raise ApprovalPolicyError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
     rules_doc = document.get("rules", [])
     if not isinstance(rules_doc, list):
         raise ApprovalPolicyError(f"{where}: rules must be a list")
@@ -360,7 +382,7 @@ def _scope(document: Mapping[str, Any], where: str, label: str) -> ProjectPolicy
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ApprovalPolicyError(f"{where}: rule names repeat: {', '.join(repeated)}")
-    return ProjectPolicy(rules, float(expire) if expire is not None else None, grants)
+    return ProjectPolicy(rules, float(expire) if expire is not None else None, grants, mode)
 
 
 def _rule(document: object, where: str, default_name: str) -> Rule:
@@ -387,8 +409,13 @@ def _rule(document: object, where: str, default_name: str) -> Rule:
             args.append((path, re.compile(pattern)))
         except re.error as exc:
             raise ApprovalPolicyError(f"{where}: args.{path}: bad regular expression: {exc}") from None
+    name = document.get("name") or default_name
+    if name.startswith(MODE_SUBJECT) or name == SESSION_GRANT_SUBJECT:
+        raise ApprovalPolicyError(
+            f"{where}: name {name!r} is the host's own (mode decisions and session grants use it)"
+        )
     return Rule(
-        name=document.get("name") or default_name,
+        name=name,
         tool=tool,
         approve=_DECISIONS[decision],
         args=tuple(args),

@@ -16,27 +16,28 @@ from agentsessions.host.controller.harnesses import HarnessCatalog, ResolvedHarn
 from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.sdk.harness import Start
-from agentsessions.v1 import common_pb2
+from agentsessions.v1 import common_pb2, harness_pb2
 
 
 async def reconstruct(
     catalog: HarnessCatalog, row: SessionRow, ex: Execution, events: list[common_pb2.Event]
-) -> tuple[Start, ResolvedHarness]:
-    """The journal's Start for ``ex``, and its recorded harness (described, placed, checked)."""
+) -> tuple[Start, ResolvedHarness, harness_pb2.HarnessDescriptor]:
+    """The journal's Start for ``ex``, and its recorded harness (described, placed, checked) with
+    the descriptor it reported."""
     if ex.legacy:
         if not ex.inputs:
             raise InvalidExecutionLogError("legacy turn has no INPUT to resume from")
         first = ex.first_index
         content = canon.content_hash(events[first], "", first + 1)
         resolved = await catalog.resolve(row.harness)
-        await describe_placed(resolved)
+        desc = await describe_placed(resolved)
         start = Start(
             session=row.uid,
             execution_id=legacy_execution_id(row.uid, first + 1, content),
             inputs=[ex.inputs[-1]],
             history=list(events[:first]),
         )
-        return start, resolved
+        return start, resolved, desc
     es = ex.start
     if es is None:
         raise InvalidExecutionLogError(f"execution {ex.id} has no EXECUTION_START")
@@ -67,4 +68,4 @@ async def reconstruct(
         config=es.config,
         resume_from_seq=es.resume_from_seq,
     )
-    return start, resolved
+    return start, resolved, desc

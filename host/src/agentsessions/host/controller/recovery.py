@@ -91,7 +91,7 @@ async def redrive(
             f"tool call {call.id!r} was copied from the parent by a fork and has no result; "
             "fork at or after the TOOL_RESULT, or Exec a new turn"
         )
-    start, resolved = await reconstruct(core.catalog, row, ex, events)
+    start, resolved, desc = await reconstruct(core.catalog, row, ex, events)
     if attach == "restore":
         await compute.restore(resolved, row.uid, events)
     else:
@@ -101,5 +101,5 @@ async def redrive(
     writer = ExecutionWriter(
         core.writer, row.uid, fence, len(events), on_record, strip_execution_id=ex.legacy
     )
-    sink = core.sinks.live(row, start.execution_id, writer, on_delta, recorded)
+    sink = core.sinks.live(row, start.execution_id, writer, on_delta, recorded, descriptor=desc)
     return await core.driver.drive(row.uid, resolved, start, sink, writer)

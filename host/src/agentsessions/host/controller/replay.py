@@ -65,9 +65,9 @@ async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
     outputs: list[str] = []
     calls = 0
     served = 0
-    for ex, (start, resolved) in zip(completed, plans, strict=True):
+    for ex, (start, resolved, _) in zip(completed, plans, strict=True):
         recorded = Recorded.of(events, ex)
-        sink = core.sinks.replay(uid, start.execution_id, recorded)
+        sink = core.sinks.replay(row, start.execution_id, recorded)
         try:
             await resolved.harness.run(start, sink)
         except ReplayDivergedError:

@@ -24,6 +24,7 @@ from agentsessions.host.journal.store import (
     SessionNotFoundError,
     SessionRow,
 )
+from agentsessions.sdk.modes import MODE_ANNOTATION, MODES, strictest
 from agentsessions.v1 import common_pb2, session_pb2
 
 # A session's journal as read: every event, and the executions they form (first-seen order).
@@ -83,6 +84,16 @@ async def create(core: Core, call: CallContext, requested: SessionRow) -> Sessio
     resolved = await core.catalog.resolve(requested.harness, for_new_session=True)
     project = requested.project or core.default_project
     core.access.check_project(call, project)
+    annotations = dict(requested.annotations)
+    asked = annotations.get(MODE_ANNOTATION, "")
+    if asked and asked not in MODES:
+        raise InvalidArgumentError(
+            f"session.annotations[{MODE_ANNOTATION!r}]", f"must be one of {', '.join(MODES)}, got {asked!r}"
+        )
+    # The session's mode, fixed now: what the creator asked, or stricter where the project requires.
+    mode = strictest(asked, core.policy.mode_for(project))
+    if mode:
+        annotations[MODE_ANNOTATION] = mode
     now = time.time_ns()
     fresh = dataclasses.replace(
         requested,
@@ -90,7 +101,7 @@ async def create(core: Core, call: CallContext, requested: SessionRow) -> Sessio
         project=project,
         harness=resolved.name,
         labels=dict(requested.labels),
-        annotations=dict(requested.annotations),
+        annotations=annotations,
         identity=core.access.actor(call, requested.identity),
         parent_uid="",
         fork_seq=0,

@@ -14,11 +14,17 @@ call's is reporting that same accounting: it is not journaled again. Any other u
 Beyond v1 (``agentsessions.sdk.extensions``): ``recorded_report`` serves an in-harness tool's
 recorded result instead of the harness re-running it, and ``approval_reason`` lets a harness say
 why a call needs approval (journaled in its APPROVAL_REQUEST).
+
+Modes (``agentsessions.host.controller.modes``): before a host-run call runs, and at a gate before
+its request is decided, the session's mode judges it. A refused CONTROLLER_MEDIATED call gets an
+error result instead of running; a refused request gets the host's denial; a gated request carries
+the mode's reason. ``host_mode`` is the session's mode as announced to the harness.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,6 +33,7 @@ from agentsessions.host.controller.approval_policy import SessionGate
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
+from agentsessions.host.controller.modes import GATE, ModeCheck, decided_by_mode
 from agentsessions.host.controller.tools import ToolInvoker, check_host_call, check_reported_result
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
@@ -34,6 +41,8 @@ from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+
+log = logging.getLogger(__name__)
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 K = common_pb2
@@ -69,6 +78,8 @@ class ExecutionSink:
         redrive_trailing_model: bool = True,
         new_id: Callable[[], str] | None = None,
         gate: SessionGate | None = None,
+        modes: ModeCheck | None = None,
+        host_mode: str = "",
     ) -> None:
         self.session = session
         self.execution_id = execution_id
@@ -84,6 +95,8 @@ class ExecutionSink:
         self._redrive_model = redrive_trailing_model
         self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         self._gate = gate
+        self._modes = modes
+        self.host_mode = host_mode  # the session's mode, announced to the harness
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None
         self._closed = False
@@ -308,10 +321,19 @@ class ExecutionSink:
             return await self._approval_gate(intent, Effect("tool", common_pb2.Event(tool=intent)))
         return await self._execute(intent)
 
-    async def _execute(self, call: common_pb2.ToolCall, **receipt: int) -> common_pb2.ToolResult:
+    async def _execute(
+        self, call: common_pb2.ToolCall, *, by_mode: bool = False, **receipt: int
+    ) -> common_pb2.ToolResult:
         if self._tools is None:
             raise MissingToolExecutorError(call.tool, [])  # the registry raises it for unknown tools
-        result = await self._tools.execute(self.session, call)
+        verdict = await self._modes.verdict(call) if self._modes is not None else None
+        refusal = (
+            verdict.refusal(call, approved=bool(receipt), by_mode=by_mode) if verdict is not None else None
+        )
+        # The mode's refusal answers the call in place of the executor, journaled the same way.
+        if refusal is not None:
+            log.info("session %s: tool %s refused by the host: %s", self.session, call.tool, refusal.error)
+        result = refusal if refusal is not None else await self._tools.execute(self.session, call)
         stored = common_pb2.ToolResult()
         stored.CopyFrom(result)
         stored.id = call.id
@@ -326,12 +348,17 @@ class ExecutionSink:
         return stored
 
     async def _approval_gate(self, call: common_pb2.ToolCall, effect: Effect) -> common_pb2.ToolResult:
+        verdict = None
+        if effect.approval_result is None and self._modes is not None:
+            verdict = await self._modes.verdict(call)
         if effect.approval_request is None:
+            reason = self._reasons.pop(call.id, "")
+            if verdict is not None and verdict.action == GATE:
+                log.info("session %s: tool %s needs approval: %s", self.session, call.tool, verdict.reason)
+                reason = f"{verdict.reason}; {reason}" if reason else verdict.reason
             request = common_pb2.Event(
                 kind=K.EVENT_APPROVAL_REQUEST,
-                approval=common_pb2.ApprovalRequest(
-                    tool_call_id=call.id, reason=self._reasons.pop(call.id, "")
-                ),
+                approval=common_pb2.ApprovalRequest(tool_call_id=call.id, reason=reason),
             )
             if self._gate is not None:
                 self._gate.stamp_request(request)
@@ -339,9 +366,18 @@ class ExecutionSink:
             request_seq = rec.seq
         else:
             request_seq = effect.approval_request[0]
-        if effect.approval_result is None and self._gate is not None:
-            # A decision of the host's own (policy rule, session grant) is journaled like a person's.
-            decided = await self._gate.decide(call, self.execution_id, request_seq)
+        if effect.approval_result is None:
+            # A decision of the host's own is journaled like a person's: the mode's refusal first
+            # (nothing overrides it), then a policy rule or a session grant, then the mode's approval.
+            host = verdict.denial() if verdict is not None else None
+            decided = host.event(self.execution_id, call.id, request_seq) if host is not None else None
+            if host is not None:
+                log.info("session %s: tool %s refused by the host: %s", self.session, call.tool, host.reason)
+            if decided is None and self._gate is not None:
+                decided = await self._gate.decide(call, self.execution_id, request_seq)
+            if decided is None and verdict is not None:
+                host = verdict.approval()
+                decided = host.event(self.execution_id, call.id, request_seq) if host is not None else None
             if decided is not None:
                 rec = await self._record(decided)
                 effect.approval_result = (rec.seq, rec.event)
@@ -367,7 +403,9 @@ class ExecutionSink:
             )
             await self._record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=receipt))
             return receipt
-        return await self._execute(call, request_seq=request_seq, decision_seq=decision_seq)
+        return await self._execute(
+            call, by_mode=decided_by_mode(decision_event), request_seq=request_seq, decision_seq=decision_seq
+        )
 
 
 def _tool_identity(call: common_pb2.ToolCall) -> tuple[str, str, bytes, int, str, bool]:

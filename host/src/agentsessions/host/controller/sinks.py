@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
+from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mode
 from agentsessions.host.controller.sink import DeltaSink, ExecutionSink
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelProvider
-from agentsessions.v1 import common_pb2
+from agentsessions.v1 import common_pb2, harness_pb2
 
 Events = Callable[[str], Awaitable[list[common_pb2.Event]]]
 
@@ -55,6 +56,9 @@ class SinkFactory:
         self._stream_deltas = stream_deltas
         self._policy = approval_policy
         self._events = events
+        # What the mode check needs of host-run tools: their classes, workspaces, confinement.
+        described = getattr(tools, "profile", None)
+        self._profiles: Profiles | None = described if callable(described) else None
 
     def live(
         self,
@@ -63,10 +67,13 @@ class SinkFactory:
         writer: ExecutionWriter,
         on_delta: DeltaSink | None,
         recorded: Recorded | None = None,
+        descriptor: harness_pb2.HarnessDescriptor | None = None,
     ) -> ExecutionSink:
         """A sink that journals through ``writer`` and goes live once ``recorded`` is served;
-        deltas reach ``on_delta`` when the host streams them."""
+        deltas reach ``on_delta`` when the host streams them. ``descriptor`` (the harness's, at
+        admission) declares tool classes the mode check adds to the host's."""
         uid = row.uid
+        modes = ModeCheck.for_session(row, self._policy.mode_for(row.project), self._profiles, descriptor)
         return self._build(
             uid,
             execution_id,
@@ -75,16 +82,29 @@ class SinkFactory:
             live=True,
             on_delta=on_delta if self._stream_deltas else None,
             gate=SessionGate(self._policy, uid, row.project, row.fork_seq, lambda: self._events(uid)),
+            modes=modes,
+            host_mode=session_mode(row),
         )
 
-    def replay(self, uid: str, execution_id: str, recorded: Recorded) -> ExecutionSink:
+    def replay(self, row: SessionRow, execution_id: str, recorded: Recorded) -> ExecutionSink:
         """A pure replay: only recorded effects are served, nothing reaches a model or tool, and
-        any write (or any request the journal did not record) is divergence."""
+        any write (or any request the journal did not record) is divergence. The harness is told
+        the session's mode as on the live run."""
 
         async def refuse(event: common_pb2.Event) -> common_pb2.LogRecord:
             raise ReplayDivergedError("replay attempted to write to the journal")
 
-        return self._build(uid, execution_id, refuse, recorded, live=False, on_delta=None, gate=None)
+        return self._build(
+            row.uid,
+            execution_id,
+            refuse,
+            recorded,
+            live=False,
+            on_delta=None,
+            gate=None,
+            modes=None,
+            host_mode=session_mode(row),
+        )
 
     def _build(
         self,
@@ -96,6 +116,8 @@ class SinkFactory:
         live: bool,
         on_delta: DeltaSink | None,
         gate: SessionGate | None,
+        modes: ModeCheck | None,
+        host_mode: str,
     ) -> ExecutionSink:
         return ExecutionSink(
             session=uid,
@@ -111,4 +133,6 @@ class SinkFactory:
             redrive_trailing_model=recorded is None or not recorded.legacy,
             new_id=self._new_id if live else None,
             gate=gate,
+            modes=modes,
+            host_mode=host_mode,
         )

@@ -181,7 +181,7 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         resume_from_seq=p.resume_from_seq,
     )
     writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
-    sink = core.sinks.live(row, execution_id, writer, relay.delta)
+    sink = core.sinks.live(row, execution_id, writer, relay.delta, descriptor=desc)
     parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
     return await sessions.look(core, turn.call, row.uid) if parked is not None else None
 

@@ -19,6 +19,7 @@ from opentelemetry import metrics, trace
 
 from agentsessions.host.models.provider import DeltaCallback, ModelProvider
 from agentsessions.host.telemetry import names, switch
+from agentsessions.host.tools.profile import ToolProfile
 from agentsessions.v1 import common_pb2, harness_pb2
 
 _tracer = trace.get_tracer(names.INSTRUMENTATION)
@@ -223,6 +224,12 @@ class TracedTools:
 
     def __init__(self, tools: _ToolInvoker) -> None:
         self._tools = tools
+
+    async def profile(self, tool: str) -> ToolProfile | None:
+        """The wrapped tools' profile of ``tool`` (what the mode check reads: controller/modes.py)."""
+        described = getattr(self._tools, "profile", None)
+        found = await described(tool) if callable(described) else None
+        return found if isinstance(found, ToolProfile) else None
 
     async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         if not switch.enabled():

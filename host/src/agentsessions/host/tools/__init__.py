@@ -1,7 +1,9 @@
-"""Host-run tools: call checks, the executor seam, durable dedup, Python and MCP executors.
+"""Host-run tools: call checks, the executor seam, durable dedup, Python, MCP and subprocess
+executors, tool profiles (classes, workspaces) and confinement.
 
-The controller uses :func:`validate_tool_call` before journaling a host-run call's intent and
-:class:`ToolRegistry` to run it at most once per (session, idempotency key).
+The controller uses :func:`validate_tool_call` before journaling a host-run call's intent,
+:meth:`ToolRegistry.profile` for its mode check, and :class:`ToolRegistry` to run it at most once
+per (session, idempotency key).
 """
 
 from typing import TYPE_CHECKING
@@ -23,6 +25,7 @@ from agentsessions.host.tools.config import (
     tools_config_from_flags,
     tools_config_from_mapping,
 )
+from agentsessions.host.tools.confinement import Bubblewrap
 from agentsessions.host.tools.errors import (
     DuplicateToolError,
     InvalidToolArgumentsError,
@@ -44,6 +47,7 @@ from agentsessions.host.tools.executor import (
     ToolSpec,
     error_result,
 )
+from agentsessions.host.tools.profile import Confinement, ToolProfile, WorkspaceRule
 from agentsessions.host.tools.python_callable import (
     CallableTool,
     PythonCallableExecutor,
@@ -51,10 +55,13 @@ from agentsessions.host.tools.python_callable import (
     import_tool_function,
     result_from_return,
 )
+from agentsessions.host.tools.subprocess_executor import SubprocessExecutor, SubprocessTool
 
 __all__ = [
     "DEFAULT_TOOL_TIMEOUT_S",
+    "Bubblewrap",
     "CallableTool",
+    "Confinement",
     "DuplicateToolError",
     "InvalidToolArgumentsError",
     "InvalidToolCallError",
@@ -66,16 +73,20 @@ __all__ = [
     "MissingToolExecutorError",
     "PythonCallableExecutor",
     "PythonToolConfig",
+    "SubprocessExecutor",
+    "SubprocessTool",
     "ToolConfigError",
     "ToolContext",
     "ToolExecutor",
     "ToolExecutorStartError",
     "ToolFunction",
+    "ToolProfile",
     "ToolReceiptStore",
     "ToolRegistry",
     "ToolSpec",
     "ToolsConfig",
     "UnmediatedToolCallError",
+    "WorkspaceRule",
     "check_json_value",
     "error_result",
     "import_tool_function",

@@ -21,6 +21,10 @@ Flags (repeatable; the host CLI adds them and passes the strings here):
         description = "what it does"         # optional, overrides the docstring
         input_schema = { type = "object" }   # optional JSON Schema for the arguments
 
+        class = "write"                      # optional tool class(es), see below
+        workspace_arg = "workspace"          # optional: the argument naming the directory it acts in
+        workspace_roots = ["/srv/repos"]     # optional: where that directory may lie without approval
+
         [[mcp]]
         name = "files"                       # required
         command = "npx"                      # required
@@ -29,9 +33,35 @@ Flags (repeatable; the host CLI adds them and passes the strings here):
         cwd = "/srv"                         # optional
         start_timeout_s = 30                 # optional
         call_timeout_s = 300                 # optional
+        class = "read-only"                  # optional: the class(es) of every tool it serves
+        tool_classes = { write_file = "write" }  # optional: per tool, over ``class``
 
-    The JSON form is ``{"python": [{...}], "mcp": [{...}]}`` with the same keys. Unknown
-    keys are errors, so a typo never silently drops a setting.
+        [[subprocess]]                       # a program the host starts per call, confined
+        name = "run_tests"                   # required
+        command = ["python", "-m", "pytest", "-q", "{target}"]  # required; "{arg}" elements are arguments
+        workspace = "/srv/repo"              # the directory it runs in and may write, or:
+        workspace_arg = "workspace"          #   the argument naming it, which must then lie under
+        workspace_roots = ["/srv/repos"]     #   one of these to run without approval (required with it)
+        description = "..."                  # optional
+        input_schema = { type = "object" }   # optional (default: the placeholders, as strings)
+        timeout_s = 60                       # optional: the time bound (and the most timeout_arg may ask)
+        timeout_arg = "timeout_s"            # optional: an argument that may lower it
+        network = false                      # optional: true keeps the host's network (class network)
+        confine = true                       # optional: false always runs it unconfined (so gated)
+        private_tmp = true                   # optional: an empty /tmp (false: the host's, read-only)
+        env = { LANG = "C.UTF-8" }           # optional, over PATH/LANG/LC_ALL/TZ, HOME=workspace
+        output_limit_bytes = 65536           # optional cap on stdout and on stderr
+
+        [confinement]
+        bwrap = "/usr/bin/bwrap"             # bubblewrap to confine subprocess tools with (default:
+                                             # "bwrap" on PATH); "" turns confinement off
+
+    The JSON form is ``{"python": [{...}], "mcp": [{...}], "subprocess": [{...}], "confinement":
+    {...}}`` with the same keys. Unknown keys are errors, so a typo never silently drops a
+    setting. Tool classes (``class``: one name or a list) are ``read-only``, ``write``,
+    ``subprocess`` and ``network``; a tool without one is unclassified, which the mode check
+    counts as write (docs/modes.md). A subprocess tool's classes are ``subprocess`` (plus
+    ``network`` with ``network = true``).
 
 Tool and server names match ``[A-Za-z0-9_-]{1,64}`` (what model APIs accept as tool names).
 A tool name served twice is refused when the registry starts.
@@ -49,6 +79,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentsessions.host.tools.confinement import DEFAULT_BWRAP, Bubblewrap
 from agentsessions.host.tools.errors import ToolConfigError
 from agentsessions.host.tools.executor import (
     DEFAULT_TOOL_TIMEOUT_S,
@@ -56,7 +87,14 @@ from agentsessions.host.tools.executor import (
     ToolReceiptStore,
     ToolRegistry,
 )
+from agentsessions.host.tools.profile import ToolProfile, WorkspaceRule, parse_tool_classes
 from agentsessions.host.tools.python_callable import PythonCallableExecutor
+from agentsessions.host.tools.subprocess_executor import (
+    DEFAULT_OUTPUT_LIMIT_BYTES,
+    DEFAULT_TIMEOUT_S,
+    SubprocessExecutor,
+    SubprocessTool,
+)
 
 if TYPE_CHECKING:
     from agentsessions.host.tools.mcp_stdio import McpExecutor
@@ -72,10 +110,15 @@ class PythonToolConfig:
     name: str | None = None
     description: str | None = None
     input_schema: Mapping[str, Any] | None = None
+    profile: ToolProfile = field(default_factory=ToolProfile)
 
     def build(self) -> PythonCallableExecutor:
         return PythonCallableExecutor.from_import_path(
-            self.target, name=self.name, description=self.description, input_schema=self.input_schema
+            self.target,
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_schema,
+            profile=self.profile,
         )
 
 
@@ -90,6 +133,8 @@ class McpServerConfig:
     cwd: str | None = None
     start_timeout_s: float = 30.0
     call_timeout_s: float = 300.0
+    classes: frozenset[str] = frozenset()
+    tool_classes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def build(self) -> McpExecutor:
         # Imported here: the mcp package is slow to import and only MCP users need it.
@@ -103,6 +148,8 @@ class McpServerConfig:
             cwd=self.cwd,
             start_timeout_s=self.start_timeout_s,
             call_timeout_s=self.call_timeout_s,
+            classes=self.classes,
+            tool_classes=self.tool_classes,
         )
 
 
@@ -112,14 +159,28 @@ class ToolsConfig:
 
     python: tuple[PythonToolConfig, ...] = ()
     mcp: tuple[McpServerConfig, ...] = field(default=())
+    subprocess: tuple[SubprocessTool, ...] = ()
+    # The bubblewrap binary subprocess tools are confined with ("": no confinement); None: unset.
+    bwrap: str | None = None
 
     def merged(self, other: ToolsConfig) -> ToolsConfig:
-        return ToolsConfig(python=self.python + other.python, mcp=self.mcp + other.mcp)
+        return ToolsConfig(
+            python=self.python + other.python,
+            mcp=self.mcp + other.mcp,
+            subprocess=self.subprocess + other.subprocess,
+            bwrap=other.bwrap if other.bwrap is not None else self.bwrap,
+        )
 
     def build_executors(self) -> list[ToolExecutor]:
-        """The executors, unstarted (imports happen here; MCP servers launch on start)."""
+        """The executors, unstarted (imports happen here; MCP servers launch and confinement is
+        probed on start)."""
         executors: list[ToolExecutor] = [tool.build() for tool in self.python]
         executors.extend(server.build() for server in self.mcp)
+        if self.subprocess:
+            bwrap = DEFAULT_BWRAP if self.bwrap is None else self.bwrap
+            executors.append(
+                SubprocessExecutor(self.subprocess, bubblewrap=Bubblewrap(bwrap) if bwrap else None)
+            )
         return executors
 
     def build_registry(
@@ -175,6 +236,7 @@ class _Reader:
             raise ToolConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
         self._table: Mapping[str, Any] = table
         self._where = where
+        self._allowed = allowed
 
     def string(self, key: str, *, required: bool = False) -> str | None:
         value = self._table.get(key)
@@ -214,6 +276,65 @@ class _Reader:
             raise ToolConfigError(f"{self._where}.{key}: expected a list of tables")
         return value
 
+    def classes(self, key: str) -> frozenset[str]:
+        value = self._table.get(key)
+        return frozenset() if value is None else parse_tool_classes(value, f"{self._where}.{key}")
+
+    def class_map(self, key: str) -> dict[str, frozenset[str]]:
+        table = self.table(key) or {}
+        return {
+            name: parse_tool_classes(value, f"{self._where}.{key}.{name}") for name, value in table.items()
+        }
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._table.get(key, default)
+        if not isinstance(value, bool):
+            raise ToolConfigError(f"{self._where}.{key}: expected true or false")
+        return value
+
+    def count(self, key: str, default: int) -> int:
+        value = self._table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ToolConfigError(f"{self._where}.{key}: expected a positive integer")
+        return value
+
+    def directories(self, key: str) -> tuple[str, ...]:
+        paths = self.strings(key)
+        for path in paths:
+            if not path.startswith("/"):
+                raise ToolConfigError(f"{self._where}.{key}: {path!r} is not an absolute path")
+        return paths
+
+    def workspace(self, *, required: bool) -> WorkspaceRule | None:
+        """The workspace settings (``workspace`` / ``workspace_arg`` / ``workspace_roots``)."""
+        directory = self.string("workspace") if "workspace" in self._allowed else None
+        argument = self.string("workspace_arg")
+        roots = self.directories("workspace_roots")
+        where = self._where
+        if directory is not None and argument is not None:
+            raise ToolConfigError(f"{where}: set workspace or workspace_arg, not both")
+        if directory is not None:
+            if not directory.startswith("/"):
+                raise ToolConfigError(f"{where}.workspace: {directory!r} is not an absolute path")
+            if roots:
+                raise ToolConfigError(f"{where}.workspace_roots: only with workspace_arg")
+            return WorkspaceRule(directory=directory)
+        if argument is not None:
+            if required and not roots:
+                raise ToolConfigError(
+                    f"{where}.workspace_roots: required with workspace_arg (the directories the "
+                    "argument's workspace may lie under)"
+                )
+            return WorkspaceRule(argument=argument, roots=roots)
+        if roots:
+            raise ToolConfigError(f"{where}.workspace_roots: only with workspace_arg")
+        if required:
+            raise ToolConfigError(f"{where}: workspace or workspace_arg is required")
+        return None
+
+    def table_value(self, key: str) -> object:
+        return self._table.get(key)
+
     def seconds(self, key: str, default: float) -> float:
         value = self._table.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -225,11 +346,15 @@ class _Reader:
 
 def tools_config_from_mapping(document: object, where: str = "tools config") -> ToolsConfig:
     """A ToolsConfig from a parsed JSON/TOML document."""
-    root = _Reader(document, where, {"python", "mcp"})
+    root = _Reader(document, where, {"python", "mcp", "subprocess", "confinement"})
     python: list[PythonToolConfig] = []
     for index, table in enumerate(root.tables("python")):
         at = f"{where}.python[{index}]"
-        reader = _Reader(table, at, {"target", "name", "description", "input_schema"})
+        reader = _Reader(
+            table,
+            at,
+            {"target", "name", "description", "input_schema", "class", "workspace_arg", "workspace_roots"},
+        )
         target = reader.string("target", required=True)
         assert target is not None
         name = reader.string("name")
@@ -239,13 +364,26 @@ def tools_config_from_mapping(document: object, where: str = "tools config") -> 
                 name=_check_name(name, at) if name is not None else None,
                 description=reader.string("description"),
                 input_schema=reader.table("input_schema"),
+                profile=ToolProfile(reader.classes("class"), reader.workspace(required=False)),
             )
         )
     mcp: list[McpServerConfig] = []
     for index, table in enumerate(root.tables("mcp")):
         at = f"{where}.mcp[{index}]"
         reader = _Reader(
-            table, at, {"name", "command", "args", "env", "cwd", "start_timeout_s", "call_timeout_s"}
+            table,
+            at,
+            {
+                "name",
+                "command",
+                "args",
+                "env",
+                "cwd",
+                "start_timeout_s",
+                "call_timeout_s",
+                "class",
+                "tool_classes",
+            },
         )
         name = reader.string("name", required=True)
         command = reader.string("command", required=True)
@@ -259,9 +397,65 @@ def tools_config_from_mapping(document: object, where: str = "tools config") -> 
                 cwd=reader.string("cwd"),
                 start_timeout_s=reader.seconds("start_timeout_s", 30.0),
                 call_timeout_s=reader.seconds("call_timeout_s", 300.0),
+                classes=reader.classes("class"),
+                tool_classes=reader.class_map("tool_classes"),
             )
         )
-    return ToolsConfig(python=tuple(python), mcp=tuple(mcp))
+    subprocess = [
+        _subprocess_tool(table, f"{where}.subprocess[{index}]")
+        for index, table in enumerate(root.tables("subprocess"))
+    ]
+    bwrap: str | None = None
+    confinement = root.table("confinement")
+    if confinement is not None:
+        value = _Reader(confinement, f"{where}.confinement", {"bwrap"}).table_value("bwrap")
+        if value is not None and not isinstance(value, str):
+            raise ToolConfigError(f'{where}.confinement.bwrap: expected a path, a name on PATH, or ""')
+        bwrap = value
+    return ToolsConfig(python=tuple(python), mcp=tuple(mcp), subprocess=tuple(subprocess), bwrap=bwrap)
+
+
+_SUBPROCESS_KEYS = {
+    "name",
+    "command",
+    "description",
+    "input_schema",
+    "workspace",
+    "workspace_arg",
+    "workspace_roots",
+    "timeout_s",
+    "timeout_arg",
+    "network",
+    "confine",
+    "private_tmp",
+    "env",
+    "output_limit_bytes",
+}
+
+
+def _subprocess_tool(table: object, at: str) -> SubprocessTool:
+    reader = _Reader(table, at, _SUBPROCESS_KEYS)
+    name = reader.string("name", required=True)
+    assert name is not None
+    command = reader.strings("command")
+    if not command or not command[0]:
+        raise ToolConfigError(f"{at}.command: required, a non-empty list of strings (the program first)")
+    workspace = reader.workspace(required=True)
+    assert workspace is not None
+    return SubprocessTool(
+        name=_check_name(name, at),
+        command=command,
+        workspace=workspace,
+        description=reader.string("description") or "",
+        input_schema=reader.table("input_schema"),
+        timeout_s=reader.seconds("timeout_s", DEFAULT_TIMEOUT_S),
+        timeout_arg=reader.string("timeout_arg") or "",
+        network=reader.flag("network", False),
+        env=reader.string_map("env") or {},
+        confine=reader.flag("confine", True),
+        private_tmp=reader.flag("private_tmp", True),
+        output_limit_bytes=reader.count("output_limit_bytes", DEFAULT_OUTPUT_LIMIT_BYTES),
+    )
 
 
 def load_tools_file(path: str | Path) -> ToolsConfig:

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentsessions.host.tools.args import python_to_struct, validate_tool_call
 from agentsessions.host.tools.errors import DuplicateToolError, MissingToolExecutorError
+from agentsessions.host.tools.profile import ToolProfile
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,18 @@ class ToolRegistry:
         if not self._started:
             return []
         return [spec for executor in self._executors for spec in executor.tools()]
+
+    async def profile(self, tool: str) -> ToolProfile | None:
+        """What the configuration says about a served tool (classes, workspace, confinement;
+        unclassified when its executor says nothing), or None when no executor serves it."""
+        if not self._started:
+            await self.start()
+        executor = self._routes.get(tool)
+        if executor is None:
+            return None
+        described = getattr(executor, "profile", None)
+        found = described(tool) if callable(described) else None
+        return found if isinstance(found, ToolProfile) else ToolProfile()
 
     def serves(self, tool: str) -> bool:
         """Whether a started registry has an executor for ``tool``."""

@@ -29,6 +29,7 @@ from mcp import Client, StdioServerParameters
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
 from agentsessions.host.tools.errors import ToolExecutorStartError
 from agentsessions.host.tools.executor import ToolSpec
+from agentsessions.host.tools.profile import Confinement, ToolProfile
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class McpExecutor:
         start_timeout_s: float = 30.0,
         call_timeout_s: float = 300.0,
         stop_timeout_s: float = 10.0,
+        classes: frozenset[str] = frozenset(),
+        tool_classes: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         if not command:
             raise ValueError(f"mcp server {name!r}: command is required")
@@ -61,6 +64,9 @@ class McpExecutor:
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._stop_timeout_s = stop_timeout_s
+        # Tool classes as configured: per tool, else the server's (docs/modes.md).
+        self._classes = classes
+        self._tool_classes = dict(tool_classes or {})
         self._tools: list[ToolSpec] = []
         self._client: Client | None = None
         self._task: asyncio.Task[None] | None = None
@@ -126,6 +132,16 @@ class McpExecutor:
 
     def tools(self) -> list[ToolSpec]:
         return list(self._tools)
+
+    def profile(self, name: str) -> ToolProfile | None:
+        """The configured classes of one of the server's tools; its process is the server's,
+        shared by every call, so the host cannot confine one call of it."""
+        if not any(spec.name == name for spec in self._tools):
+            return None
+        confinement = Confinement(
+            False, f"MCP server {self.name!r} runs every call in its own long-lived process"
+        )
+        return ToolProfile(self._tool_classes.get(name, self._classes), None, confinement)
 
     async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         client = self._client

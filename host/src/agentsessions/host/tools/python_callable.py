@@ -27,9 +27,14 @@ from typing import Any
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
 from agentsessions.host.tools.errors import ToolConfigError
 from agentsessions.host.tools.executor import ToolContext, ToolSpec
+from agentsessions.host.tools.profile import Confinement, ToolProfile
 from agentsessions.v1 import common_pb2
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Any]
+
+_IN_PROCESS = Confinement(
+    False, "a Python tool runs inside the host process, where the host cannot confine it"
+)
 
 
 def _object_schema() -> dict[str, Any]:
@@ -44,6 +49,7 @@ class CallableTool:
     function: ToolFunction
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=_object_schema)
+    profile: ToolProfile = field(default_factory=ToolProfile)  # classes and workspace, as configured
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, input_schema=self.input_schema)
@@ -109,6 +115,7 @@ class PythonCallableExecutor:
         name: str | None = None,
         description: str | None = None,
         input_schema: Mapping[str, Any] | None = None,
+        profile: ToolProfile | None = None,
     ) -> PythonCallableExecutor:
         """One tool from "package.module:function"; the name defaults to the function's."""
         function = import_tool_function(target)
@@ -120,12 +127,21 @@ class PythonCallableExecutor:
                     function=function,
                     description=_first_doc_line(function) if description is None else description,
                     input_schema=input_schema if input_schema is not None else _object_schema(),
+                    profile=profile or ToolProfile(),
                 )
             ]
         )
 
     def tools(self) -> list[ToolSpec]:
         return [tool.spec() for tool in self._tools.values()]
+
+    def profile(self, name: str) -> ToolProfile | None:
+        """The tool's configured classes and workspace; a Python tool runs inside the host
+        process, so one of class subprocess can never be confined."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return None
+        return ToolProfile(tool.profile.classes, tool.profile.workspace, _IN_PROCESS)
 
     async def execute(self, session_uid: str, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         tool = self._tools.get(call.tool)
