@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import journal, load, replay, turns
+from bench import journal, load, replay, startup, turns
 
-SUITES = ("journal", "turns", "replay", "load")
+SUITES = ("journal", "turns", "replay", "startup", "load")
 # The load suite takes minutes and has its own flags (python -m bench.load --help): run it by name.
-DEFAULT_SUITES = ("journal", "turns", "replay")
+DEFAULT_SUITES = ("journal", "turns", "replay", "startup")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = max(code, turns.run(quick=args.quick))
         elif suite == "replay":
             code = max(code, replay.run(quick=args.quick))
+        elif suite == "startup":
+            code = max(code, startup.run(quick=args.quick))
         elif suite == "load":
             code = max(code, load.run(["--quick"] if args.quick else []))
     return code

@@ -21,7 +21,7 @@ from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
-from agentsessions.host.models.transport import RetryPolicy
+from agentsessions.host.models.policy import RetryPolicy
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
