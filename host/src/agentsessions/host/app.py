@@ -116,7 +116,9 @@ async def build_controller(
     remotes: list[RemoteHarness] = []
 
     def dial(address: str) -> RemoteHarness:
-        harness = RemoteHarness(address, credentials=harness_credentials)
+        harness = RemoteHarness(
+            address, credentials=harness_credentials, describe_max_age=config.harness_describe_max_age
+        )
         remotes.append(harness)
         return harness
 

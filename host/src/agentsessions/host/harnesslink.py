@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import grpc
@@ -46,6 +48,7 @@ from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 __all__ = [
+    "DESCRIBE_MAX_AGE_S",
     "HISTORY_CACHE_SESSIONS",
     "ApprovalDecisions",
     "HarnessFailedError",
@@ -88,6 +91,9 @@ _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start
 _HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
 # Sessions whose encoded history a link keeps (least recently used dropped first).
 HISTORY_CACHE_SESSIONS = 256
+# How long a descriptor serves admissions on one connection (0: Describe at every admission).
+DESCRIBE_MAX_AGE_S = 5.0
+_READY = grpc.ChannelConnectivity.READY
 
 
 class HarnessLinkError(Exception):
@@ -142,6 +148,14 @@ class RemoteHarness:
     bounds the wait for the park acknowledgement and the stream closure after it;
     ``cancel_grace`` is how long :meth:`cancel` lets the harness end before cutting the stream;
     ``credentials`` dial over TLS (``agentsessions.sdk.tls.ClientTLS``), plaintext without them.
+
+    Describe once per connection. The contract Describes at every admission to notice a harness
+    that changed; a changed harness is a new process, so a new connection. :meth:`describe` keeps
+    the descriptor the harness gave on the channel's current connection and answers with it while
+    the channel stays READY on that connection, for at most ``describe_max_age`` seconds; a channel
+    that leaves READY (the process went away, a new one answers at the address) drops it, and the
+    next admission Describes again. ``describe_max_age=0`` Describes at every call, as the
+    reference host does.
     """
 
     def __init__(
@@ -153,7 +167,10 @@ class RemoteHarness:
         ack_timeout: float = 10.0,
         cancel_grace: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
+        describe_max_age: float = DESCRIBE_MAX_AGE_S,
     ) -> None:
+        if not describe_max_age >= 0:
+            raise ValueError(f"describe_max_age must be >= 0 seconds, got {describe_max_age}")
         self.address = address
         self._credentials = credentials
         self._target = harness_target(address)
@@ -165,11 +182,18 @@ class RemoteHarness:
         self._stub: harness_pb2_grpc.HarnessAsyncStub | None = None
         self._live: dict[str, _Bridge] = {}
         self._history = _HistoryEncoder(HISTORY_CACHE_SESSIONS)
+        self._describe_max_age = describe_max_age
+        # Connections the channel has left READY from; a descriptor is good for the one it came on.
+        self._connection = 0
+        self._described: _Described | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
         # The channel belongs to the event loop that first uses it.
         if self._stub is None:
             self._channel = open_channel(self._target, self._credentials, MESSAGE_SIZE_OPTIONS)
+            if self._describe_max_age > 0:
+                self._watcher = asyncio.get_running_loop().create_task(self._watch(self._channel))
             stub = harness_pb2_grpc.HarnessStub(self._channel)
             # Connect also writes the Start frame pre-encoded (bytes): see _HistoryEncoder.
             stub.Connect = self._channel.stream_stream(
@@ -182,8 +206,14 @@ class RemoteHarness:
         return self._stub
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
+        """The harness's descriptor: Describe, or the one it gave on this connection (see above)."""
+        stub = self._harness_stub()
+        known = self._described
+        if known is not None and self._still_current(known):
+            return known.descriptor
+        connection = self._connection
         try:
-            descriptor: harness_pb2.HarnessDescriptor = await self._harness_stub().Describe(
+            descriptor: harness_pb2.HarnessDescriptor = await stub.Describe(
                 harness_pb2.DescribeRequest(), timeout=self._describe_timeout
             )
         except grpc.aio.AioRpcError as exc:
@@ -191,7 +221,40 @@ class RemoteHarness:
             raise HarnessUnavailableError(
                 f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
             ) from exc
+        channel = self._channel
+        watcher = self._watcher
+        if (
+            watcher is not None
+            and not watcher.done()
+            and channel is not None
+            and connection == self._connection
+            and channel.get_state() is _READY
+        ):
+            self._described = _Described(descriptor, connection, time.monotonic() + self._describe_max_age)
         return descriptor
+
+    def _still_current(self, known: _Described) -> bool:
+        channel = self._channel
+        watcher = self._watcher
+        return (
+            watcher is not None
+            and not watcher.done()
+            and known.connection == self._connection
+            and time.monotonic() < known.expires
+            and channel is not None
+            and channel.get_state() is _READY
+        )
+
+    async def _watch(self, channel: grpc.aio.Channel) -> None:
+        """Count the connections the channel leaves READY from (each drops the descriptor)."""
+        state = channel.get_state()
+        while True:
+            await channel.wait_for_state_change(state)
+            now = channel.get_state()
+            if state is _READY and now is not _READY:
+                self._connection += 1
+                self._described = None
+            state = now
 
     async def run(self, start: Start, sink: EventSink) -> None:
         """Run one execution on the remote harness, bridging its events to ``sink``."""
@@ -219,6 +282,12 @@ class RemoteHarness:
         return True
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        self._described = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -229,6 +298,15 @@ class RemoteHarness:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+@dataclass(frozen=True)
+class _Described:
+    """A descriptor, the connection it was given on, and when it stops serving admissions."""
+
+    descriptor: harness_pb2.HarnessDescriptor
+    connection: int
+    expires: float  # time.monotonic()
 
 
 class _Bridge:
