@@ -24,6 +24,22 @@ from this host.
     ApprovalRequest{tool_call_id, reason}}`` (no reply); the host journals that reason in the
     APPROVAL_REQUEST record it writes for the call. (The decision's reason needs no extension:
     v1's ``ControllerFrame.approval`` carries it.)
+
+``agentsessions-history-base: TOKEN`` (empty: none), and the harness's ``agentsessions-history-held``
+    History by reference. ``Start.history`` holds every earlier event of the session, so a long
+    session's Start frames grow by about five events a turn (3.5 MB at turn 10,000). A harness
+    process served by this SDK keeps the history of the sessions it served, and says so: its
+    Connect response's initial metadata carries ``agentsessions-history-held: TOKEN`` (the Start's
+    execution id) when it now holds that Start's whole history. The host then sends the next Start
+    of the session with ``agentsessions-history-base: TOKEN`` and only the events after the ones
+    it sent with that Start; the harness puts the held events in front. A harness that does not
+    hold ``TOKEN`` (it restarted, evicted the session, or is another process behind the address)
+    ends the stream at once, before running anything, with FAILED_PRECONDITION and trailing
+    metadata ``agentsessions-history-held: ""``; the host sends that Start again with the whole
+    history. The header with an empty value says the host can send by reference and the Start
+    carries the whole history. The host sends a base only to the connection that answered
+    ``held`` (a new connection starts over), so a v1 harness, which never answers it, always gets
+    the whole history; harness processes behind one address must all run this SDK, or none.
 """
 
 from __future__ import annotations
@@ -35,6 +51,8 @@ RUN_MODE = "agentsessions-run"
 RECORDED_EFFECTS = "agentsessions-recorded-effects"
 FEATURES = "agentsessions-features"
 APPROVAL_REASON = "approval-reason"
+HISTORY_BASE = "agentsessions-history-base"
+HISTORY_HELD = "agentsessions-history-held"
 
 LIVE = "live"
 RECOVERY = "recovery"
@@ -49,17 +67,24 @@ class ConnectExtensions:
     run_mode: str = LIVE
     recorded_effects: int = 0
     approval_reason: bool = False
+    # None: the host sends no history by reference; "": it can, this Start has the whole history.
+    history_base: str | None = None
 
 
 NONE = ConnectExtensions()
 
 
-def connect_metadata(run_mode: str, recorded_effects: int) -> list[tuple[str, str]]:
-    """The metadata the host sends on a Connect call for a run of this mode."""
+def connect_metadata(
+    run_mode: str, recorded_effects: int, history_base: str | None = None
+) -> list[tuple[str, str]]:
+    """The metadata the host sends on a Connect call for a run of this mode (``history_base``:
+    see the module docstring; None leaves the header out)."""
     metadata = [(FEATURES, APPROVAL_REASON)]
     if run_mode in _MODES:
         metadata.append((RUN_MODE, run_mode))
         metadata.append((RECORDED_EFFECTS, str(recorded_effects)))
+    if history_base is not None:
+        metadata.append((HISTORY_BASE, history_base))
     return metadata
 
 
@@ -70,6 +95,7 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
     mode = LIVE
     recorded = 0
     reason = False
+    base: str | None = None
     for key, value in metadata:
         if not isinstance(value, str):
             continue
@@ -79,8 +105,12 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
             recorded = int(value)
         elif key == FEATURES:
             reason = APPROVAL_REASON in (v.strip() for v in value.split(","))
+        elif key == HISTORY_BASE:
+            base = value
     if mode == LIVE:
         recorded = 0
-    if (mode, recorded, reason) == (LIVE, 0, False):
+    if (mode, recorded, reason, base) == (LIVE, 0, False, None):
         return NONE
-    return ConnectExtensions(run_mode=mode, recorded_effects=recorded, approval_reason=reason)
+    return ConnectExtensions(
+        run_mode=mode, recorded_effects=recorded, approval_reason=reason, history_base=base
+    )
