@@ -1,7 +1,8 @@
-"""History by reference (agentsessions.sdk.extensions): an SDK-served harness keeps each session's
-history between turns, so the host's Start frames carry only the events since the last one, and the
-harness still sees the whole history; a harness that lost what it held (evicted, restarted) gets
-the whole history again, and a v1 harness always does."""
+"""History by reference (agentsessions.sdk.extensions): once a session's history passes
+``HISTORY_BY_REFERENCE_MIN_BYTES``, an SDK-served harness keeps it between turns, so the host's
+Start frames carry only the events since the last one, and the harness still sees the whole
+history; a harness that lost what it held (evicted, restarted) gets the whole history again, and
+a v1 harness always does. Inputs of a few KB make the histories pass the threshold in a few turns."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk import EventSink, Start
 from agentsessions.sdk.harness import message_text, text_message
@@ -21,6 +23,8 @@ from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc, session_
 from tests.support.host import HostUnderTest, running_host, text_input
 
 CONNECT = "/agentsessions.v1.Harness/Connect"
+# A turn of this input adds ~8 KB to the history (its INPUT and its echoed OUTPUT).
+TEXT = "x" * 4000
 
 
 class HistoryHarness:
@@ -128,17 +132,19 @@ async def test_starts_carry_only_new_events_and_the_harness_sees_the_whole_histo
         running_host(store, remote={"history": address}) as host,
     ):
         uid = await new_session(host)
-        executions = [await turn(host, uid, f"turn {i}") for i in range(30)]
+        executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(30)]
         for execution_id in executions:
             assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
     sent = {execution_id: (events, size) for execution_id, events, size in frames.frames}
     assert len(frames.frames) == 30  # no Start was refused and sent again
-    assert sent[executions[0]][0] == 0
-    # From the third turn on, each Start carries the previous turn's records only.
+    assert 4 * 8_000 < HISTORY_BY_REFERENCE_MIN_BYTES < 10 * 8_000
     turn_records = len(harness.histories[executions[1]])
-    for execution_id in executions[2:]:
+    # Short histories go whole; past the threshold each Start carries the previous turn's records.
+    for execution_id in executions[:4]:
+        assert sent[execution_id][0] == len(harness.histories[execution_id])
+    for execution_id in executions[11:]:
         assert sent[execution_id][0] == turn_records
-    assert sent[executions[-1]][1] < 2 * sent[executions[2]][1]
+    assert sent[executions[-1]][1] < 2 * sent[executions[11]][1]
     assert len(harness.histories[executions[-1]]) == 29 * turn_records
 
 
@@ -172,8 +178,8 @@ async def test_a_restarted_harness_process_gets_the_whole_history(
     async with running_host(store, remote={"history": address}) as host:
         async with harness_server(address, harness):
             uid = await new_session(host)
-            for i in range(3):
-                await turn(host, uid, f"turn {i}")
+            for i in range(8):
+                await turn(host, uid, f"{TEXT} {i}")
         async with harness_server(address, harness) as frames:
             last = await turn(host, uid, "after the restart")
         assert harness.histories[last] == await journal_before(store, uid, last)
@@ -189,7 +195,7 @@ async def test_a_v1_harness_always_gets_the_whole_history(store: JournalStore, t
         running_host(store, remote={"history": address}) as host,
     ):
         uid = await new_session(host)
-        executions = [await turn(host, uid, f"turn {i}") for i in range(4)]
+        executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(8)]
         for execution_id in executions:
             assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
     assert [events for _, events, _ in frames.frames] == [len(harness.histories[e]) for e in executions]

@@ -52,6 +52,7 @@ from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 __all__ = [
     "DESCRIBE_MAX_AGE_S",
+    "HISTORY_BY_REFERENCE_MIN_BYTES",
     "HISTORY_CACHE_SESSIONS",
     "ApprovalDecisions",
     "HarnessFailedError",
@@ -94,6 +95,8 @@ _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start
 _HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
 # Sessions whose encoded history a link keeps (least recently used dropped first).
 HISTORY_CACHE_SESSIONS = 256
+# A history shorter than this goes whole (asking the harness to hold it costs it a metadata send).
+HISTORY_BY_REFERENCE_MIN_BYTES = 32 * 1024
 # How long a descriptor serves admissions on one connection (0: Describe at every admission).
 DESCRIBE_MAX_AGE_S = 5.0
 _READY = grpc.ChannelConnectivity.READY
@@ -662,9 +665,10 @@ class _History:
             self.last = event
 
     def base_on(self, connection: int | None) -> HeldBase | None:
-        """The base to send to a harness on ``connection`` ("" token: it may hold one from now)."""
+        """The base to send to a harness on ``connection`` ("" token: it may hold one from now;
+        None: a history too short to be worth it goes whole, without the extension)."""
         held = self.held
-        if connection is None:
+        if connection is None or len(self.encoded) < HISTORY_BY_REFERENCE_MIN_BYTES:
             return None
         if held is None or held.connection != connection or held.count > len(self.ends):
             return HeldBase(0, "", connection)
