@@ -62,9 +62,10 @@ lint: $(STAMP)
 	$(VENV)/bin/buf breaking --against contract/agentsessions-v1.binpb
 
 # The LangGraph comparison needs bench/requirements.txt; without it that one comparison is skipped.
+# BENCH_ARGS=--long adds the 10,000-turn flatness run (a few minutes more).
 bench: $(STAMP)
 	$(PY) -m pip install -q -r bench/requirements.txt || echo "bench: LangGraph extras not installed"
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist

@@ -1,4 +1,4 @@
-"""``python -m bench [SUITE ...] [--quick] [--backends memory,sqlite,postgres]``."""
+"""``python -m bench [SUITE ...] [--quick] [--long] [--backends memory,sqlite,postgres]``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import journal, load, replay, turns
+from bench import bigstream, journal, load, replay, startup, turns
 
-SUITES = ("journal", "turns", "replay", "load")
+SUITES = ("journal", "turns", "replay", "startup", "bigstream", "load")
 # The load suite takes minutes and has its own flags (python -m bench.load --help): run it by name.
-DEFAULT_SUITES = ("journal", "turns", "replay")
+DEFAULT_SUITES = ("journal", "turns", "replay", "startup", "bigstream")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
@@ -23,6 +23,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"one of {', '.join(SUITES)} (default: {', '.join(DEFAULT_SUITES)})",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
+    parser.add_argument(
+        "--long", action="store_true", help="turns: flatness at turn 10,000 too (a few minutes more)"
+    )
     parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
@@ -41,9 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if suite == "journal":
             code = max(code, journal.run(quick=args.quick, backends=backends))
         elif suite == "turns":
-            code = max(code, turns.run(quick=args.quick))
+            code = max(code, turns.run(quick=args.quick, long=args.long))
         elif suite == "replay":
             code = max(code, replay.run(quick=args.quick))
+        elif suite == "startup":
+            code = max(code, startup.run(quick=args.quick))
+        elif suite == "bigstream":
+            code = max(code, bigstream.run(quick=args.quick))
         elif suite == "load":
             code = max(code, load.run(["--quick"] if args.quick else []))
     return code

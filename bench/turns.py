@@ -12,7 +12,8 @@ Every process is real and separate (client, host, harness), talking gRPC over lo
 * model round trip: one ``sink.model`` call in an out-of-process harness (the host journals
   MODEL_CALL, runs the echo model, journals OUTPUT, replies) against a bare bidi ping-pong of the
   same frames (goal <= 3x);
-* flatness: latency of turn 1,000 against turn 10 of one session (goal <= 1.2x);
+* flatness: latency of turn 1,000 against turn 10 of one session (goal <= 1.2x); with ``long``
+  (``python -m bench turns --long``) also turn 10,000, in sessions of 10,005 turns;
 * LangGraph: a one-node echo graph on LangGraph's SqliteSaver, 1 and 32 threads (goal: the host
   does at least 3x), when the optional extra (bench/requirements.txt) is installed.
 
@@ -62,7 +63,7 @@ class Sizes:
     repeats: int  # throughput runs per configuration (best kept)
     warmup: int  # untimed turns per session before each window
     round_trips: int  # model calls timed (host-mediated and ping-pong alike)
-    flat_positions: tuple[int, int]  # early and late turn compared
+    flat_positions: tuple[int, ...]  # the early turn, then the later turns compared with it
     flat_runs: int  # flatness sessions (median kept)
 
 
@@ -73,6 +74,15 @@ FULL: Final = Sizes(
     round_trips=400,
     flat_positions=(10, 1_000),
     flat_runs=3,
+)
+# ``--long``: the same, with turn 10,000 compared too (two sessions of 10,005 turns, ~3 minutes).
+LONG: Final = Sizes(
+    seconds=5.0,
+    repeats=2,
+    warmup=3,
+    round_trips=400,
+    flat_positions=(10, 1_000, 10_000),
+    flat_runs=2,
 )
 QUICK: Final = Sizes(
     seconds=1.5,
@@ -346,13 +356,14 @@ def measure_round_trips(
 
 
 def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) -> None:
-    """Turn ``late`` against turn ``early`` of one session (the goal), and, as a control timed in
-    the same seconds, against turn ``early`` of a fresh session alternated with the long one's
-    last turns (load on a shared machine drifts over the minute a long session takes)."""
-    early, late = sizes.flat_positions
+    """Each later turn against the early one of one session (the goal), and, as a control timed
+    in the same seconds, the last one against turn ``early`` of a fresh session alternated with
+    the long one's last turns (load on a shared machine drifts over the minutes a long session
+    takes)."""
+    early, *later = sizes.flat_positions
+    last = later[-1]
     fresh = early + FLAT_WINDOW
-    early_s: list[float] = []
-    late_s: list[float] = []
+    latencies: dict[int, list[float]] = {p: [] for p in sizes.flat_positions}
     fresh_s: list[float] = []
 
     def around(series: list[float], position: int) -> float:
@@ -368,20 +379,21 @@ def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) ->
                 "--harness",
                 harness,
                 "--turns",
-                str(late + FLAT_WINDOW),
+                str(last + FLAT_WINDOW),
                 "--fresh",
                 str(fresh),
             ),
-            CLIENT_SLACK_S + late,  # a bound, far above what the turns take
+            CLIENT_SLACK_S + last,  # a bound, far above what the turns take
         )
         series, control = result["session"], result["fresh"]
-        early_s.append(around(series, early))
-        late_s.append(around(series, late))
+        for position in sizes.flat_positions:
+            latencies[position].append(around(series, position))
         fresh_s.append(around(control, early))
     report.flatness = {
-        "positions": [early, late],
-        "early_s": statistics.median(early_s),
-        "late_s": statistics.median(late_s),
+        "positions": list(sizes.flat_positions),
+        "latency_s": {str(p): statistics.median(v) for p, v in latencies.items()},
+        "early_s": statistics.median(latencies[early]),
+        "late_s": statistics.median(latencies[last]),
         "fresh_early_s": statistics.median(fresh_s),
         "runs": sizes.flat_runs,
     }
@@ -444,15 +456,17 @@ def summary(report: Report) -> dict[str, Any]:
     )
     if report.flatness:
         fl = report.flatness
-        goal(
-            "turn {1} / turn {0} latency".format(*fl["positions"]),
-            _ratio(fl["late_s"], fl["early_s"]),
-            GOAL_FLATNESS,
-            False,
-        )
+        early, *later = fl["positions"]
+        for position in later:
+            goal(
+                f"turn {position} / turn {early} latency",
+                _ratio(fl["latency_s"][str(position)], fl["early_s"]),
+                GOAL_FLATNESS,
+                False,
+            )
         goals.append(
             {
-                "goal": "control: turn {1} / fresh session's turn {0}, same seconds".format(*fl["positions"]),
+                "goal": f"control: turn {later[-1]} / fresh session's turn {early}, same seconds",
                 "value": _ratio(fl["late_s"], fl["fresh_early_s"]),
                 "target": GOAL_FLATNESS,
                 "at_least": False,
@@ -509,11 +523,11 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
             print(f"  {label:<32}{rt[key] * 1e6:10.0f} us", file=out)
     if report.flatness:
         fl = report.flatness
-        early, late = fl["positions"]
+        early, *later = fl["positions"]
+        turns = ", ".join(f"turn {p} {fl['latency_s'][str(p)] * 1e3:.2f} ms" for p in fl["positions"])
         print(
-            f"\nflatness: turn {early} {fl['early_s'] * 1e3:.2f} ms, turn {late} {fl['late_s'] * 1e3:.2f} ms "
-            f"(median of {fl['runs']} session(s)); control, turn {early} of a fresh session timed "
-            f"beside turn {late}: {fl['fresh_early_s'] * 1e3:.2f} ms",
+            f"\nflatness: {turns} (median of {fl['runs']} session(s)); control, turn {early} of a fresh "
+            f"session timed beside turn {later[-1]}: {fl['fresh_early_s'] * 1e3:.2f} ms",
             file=out,
         )
     print("\ngoals", file=out)
@@ -571,8 +585,8 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
     measure_langgraph(report, workdir, sizes)
 
 
-def run(*, quick: bool, out: Path = RESULTS) -> int:
-    sizes = QUICK if quick else FULL
+def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
+    sizes = QUICK if quick else LONG if long else FULL
     report = Report(sizes)
     workdir = Path(tempfile.mkdtemp(prefix="agentsessions-bench-turns-"))
     try:
@@ -606,4 +620,4 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(quick="--quick" in sys.argv[1:]))
+    sys.exit(run(quick="--quick" in sys.argv[1:], long="--long" in sys.argv[1:]))

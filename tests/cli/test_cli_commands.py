@@ -40,7 +40,8 @@ async def test_exec_without_a_session_creates_one_and_says_so(host: str) -> None
 
 
 async def test_exec_json_streams_deltas_before_the_output_record(host: str) -> None:
-    text = "a longer input so the echo model streams it in several chunks"
+    # Past 2 KiB: the host batches streamed text into frames of up to 1 KiB (controller.deltas).
+    text = " ".join(["a longer input so the echo model streams it in several frames"] * 40)
     done = await cli("exec", "--json", text, server=host)
     assert done.code == 0 and done.err == "", done
     frames = lines(done.out)

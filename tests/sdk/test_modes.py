@@ -33,7 +33,7 @@ def test_the_tool_class_tag_round_trips_through_a_description() -> None:
 
 
 def test_the_session_mode_rides_the_connect_metadata() -> None:
-    metadata = connect_metadata("replay", 4, "allow-edits")
+    metadata = connect_metadata("replay", 4, mode="allow-edits")
     assert (MODE, "allow-edits") in metadata
     seen = parse_connect_metadata(metadata)
     assert (seen.run_mode, seen.recorded_effects, seen.mode) == ("replay", 4, "allow-edits")

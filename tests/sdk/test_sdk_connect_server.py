@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -56,7 +57,7 @@ class ScriptedHarness:
 
 @contextlib.asynccontextmanager
 async def serving(
-    harness: ScriptedHarness, **options: float
+    harness: ScriptedHarness, **options: Any
 ) -> AsyncIterator[harness_pb2_grpc.HarnessAsyncStub]:
     servicer = HarnessServicer(harness, **options)
     running = await start_server(harness, "127.0.0.1:0", servicer=servicer)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ def echo(call: ModelCall) -> str:
 
 
 @contextlib.asynccontextmanager
-async def linked(harness: ScriptedHarness, **remote_options: float) -> AsyncIterator[RemoteHarness]:
+async def linked(harness: ScriptedHarness, **remote_options: Any) -> AsyncIterator[RemoteHarness]:
     running = await start_server(harness, "127.0.0.1:0", servicer=HarnessServicer(harness, cancel_grace=0.05))
     remote = RemoteHarness(running.address, **remote_options)
     try:

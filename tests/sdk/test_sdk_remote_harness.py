@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -79,7 +80,7 @@ class RawHarness(harness_pb2_grpc.HarnessServicer):
 
 
 @contextlib.asynccontextmanager
-async def linked(raw: RawHarness, **options: float) -> AsyncIterator[RemoteHarness]:
+async def linked(raw: RawHarness, **options: Any) -> AsyncIterator[RemoteHarness]:
     server = grpc.aio.server()
     harness_pb2_grpc.add_HarnessServicer_to_server(raw, server)
     port = server.add_insecure_port("127.0.0.1:0")

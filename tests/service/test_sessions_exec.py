@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.echo import EchoModel
@@ -314,7 +315,12 @@ async def test_streaming_deltas_do_not_change_the_journal(tmp_path: Path) -> Non
     for stream in (True, False):
         store = await open_store(f"{tmp_path}/stream-{stream}.db")
         async with running_host(
-            store, model=EchoModel(chunk_size=2), stream_deltas=stream, new_id=counting_ids()
+            store,
+            model=EchoModel(chunk_size=2),
+            stream_deltas=stream,
+            new_id=counting_ids(),
+            # Frames of at most 4 bytes, so this short reply streams in several.
+            delta_batching=DeltaBatching(max_bytes=4),
         ) as h:
             uid = (await new_session(h, harness="echo")).metadata.uid
             updates = await h.exec(say(uid, "hello streaming world"))
@@ -326,6 +332,7 @@ async def test_streaming_deltas_do_not_change_the_journal(tmp_path: Path) -> Non
     assert plain == []
     assert "".join(d.chunk for d in streamed) == "echo:hello streaming world"
     assert len(streamed) > 2 and streamed[-1].done and streamed[-1].chunk == ""
+    assert all(len(d.chunk) <= 4 for d in streamed)
 
 
 async def test_overlapping_exec_on_one_session_is_aborted(store: JournalStore) -> None:

@@ -70,8 +70,9 @@ class _Call:
         self.code: grpc.StatusCode | None = None
         self.started = time.perf_counter()
         # Read while the call is certainly alive: a stream generator can be finalized after the
-        # server has released the call, and touching the context then crashes grpc's C core.
-        self.peer = context.peer()
+        # server has released the call, and touching the context then crashes grpc's C core. Only
+        # a logged line needs it (a server fault, logged at error, reads it in ``failed``).
+        self.peer = context.peer() if log.isEnabledFor(logging.INFO) else ""
         remaining = context.time_remaining()
         self.deadline = None if remaining is None else time.monotonic() + remaining
         # Each RPC runs in its own task, so the binding ends with the RPC and is never reset here.
@@ -92,9 +93,14 @@ class _Call:
             # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.
             self.code = grpc.StatusCode.UNKNOWN
             self.error = type(exc).__name__
+            if not self.peer:
+                self.peer = self.context.peer()
 
     def log(self) -> None:
         code = self.code or self.context.code() or grpc.StatusCode.OK
+        level = logging.ERROR if code in _SERVER_FAULTS else logging.INFO
+        if not log.isEnabledFor(level):
+            return  # the line is built only when it is written
         values: dict[str, Any] = {
             "method": self.method,
             "code": code.name,
@@ -104,7 +110,6 @@ class _Call:
         }
         if self.error:
             values["error"] = self.error
-        level = logging.ERROR if code in _SERVER_FAULTS else logging.INFO
         log.log(level, "rpc", extra=logs.fields(**values))
 
 

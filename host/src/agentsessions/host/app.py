@@ -38,7 +38,7 @@ from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, Trac
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
-from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
+from agentsessions.v1 import harness_registry_pb2_grpc
 
 
 class StartupError(Exception):
@@ -116,7 +116,9 @@ async def build_controller(
     remotes: list[RemoteHarness] = []
 
     def dial(address: str) -> RemoteHarness:
-        harness = RemoteHarness(address, credentials=harness_credentials)
+        harness = RemoteHarness(
+            address, credentials=harness_credentials, describe_max_age=config.harness_describe_max_age
+        )
         remotes.append(harness)
         return harness
 
@@ -160,9 +162,10 @@ async def build_controller(
 
 
 async def build_app(config: HostConfig) -> App:
-    # Outermost after the access log: unauthenticated calls get their span and duration too.
-    telemetry_switch.refresh()  # providers an embedding application installed count too
-    app = App(services=[], interceptors=[TelemetryInterceptor()])
+    # Outermost after the access log: unauthenticated calls get their span and duration too. With
+    # nothing recording (no provider installed, here or by an embedding application) it is left out.
+    traced = telemetry_switch.refresh()
+    app = App(services=[], interceptors=[TelemetryInterceptor()] if traced else [])
     access: SessionAccess | None = None
     try:
         if config.auth_tokens is not None:
@@ -177,7 +180,7 @@ async def build_app(config: HostConfig) -> App:
     app.services.append(
         Service(
             sessions.SERVICE_NAME,
-            functools.partial(session_pb2_grpc.add_SessionsServicer_to_server, sessions_servicer),
+            functools.partial(sessions.add_to_server, sessions_servicer),
         )
     )
     registry_servicer = registry.HarnessRegistryServicer(controller.catalog)

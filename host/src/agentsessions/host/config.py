@@ -21,7 +21,7 @@ from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
-from agentsessions.host.models.transport import RetryPolicy
+from agentsessions.host.models.policy import RetryPolicy
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
@@ -30,6 +30,8 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_JOURNAL = "agentsessions.db"
 DEFAULT_PROJECT = "default"
 DEFAULT_DRAIN_GRACE_SECONDS = 10.0
+# How long a harness's descriptor serves admissions on one connection (agentsessions.host.harnesslink).
+DEFAULT_DESCRIBE_MAX_AGE_SECONDS = 5.0
 # The provider's own defaults (agentsessions.host.models.openai), so a flag's help and default match it.
 DEFAULT_MODEL_BASE_URL = openai.DEFAULT_BASE_URL
 DEFAULT_MODEL_PATH = openai.DEFAULT_PATH
@@ -68,6 +70,8 @@ class HostConfig:
     harnesses: list[tuple[str, str]] = field(default_factory=list)
     # Harness processes the host starts, as (name, module:attribute) pairs (see agentsessions.host.runtime).
     harness_processes: list[tuple[str, str]] = field(default_factory=list)
+    # 0: Describe at every admission (the reference's behaviour).
+    harness_describe_max_age: float = DEFAULT_DESCRIBE_MAX_AGE_SECONDS
     registry_addr: str | None = None
     # Empty means the built-in echo model.
     model: str = ""
@@ -113,6 +117,10 @@ class HostConfig:
             raise ConfigError(f"--log-format {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
         if not self.drain_grace_seconds >= 0:
             raise ConfigError(f"--drain-grace {self.drain_grace_seconds} must be a number of seconds >= 0")
+        if not self.harness_describe_max_age >= 0:
+            raise ConfigError(
+                f"--harness-describe-max-age {self.harness_describe_max_age} must be a number of seconds >= 0"
+            )
         seen: set[str] = set()
         for name, address in self.harnesses:
             check_harness_name(name)
@@ -196,6 +204,11 @@ class HostConfig:
             grace = float(grace_text)
         except ValueError:
             raise ConfigError(f"--drain-grace {grace_text!r} is not a number of seconds") from None
+        age_text = pick("harness_describe_max_age", str(DEFAULT_DESCRIBE_MAX_AGE_SECONDS))
+        try:
+            describe_max_age = float(age_text)
+        except ValueError:
+            raise ConfigError(f"--harness-describe-max-age {age_text!r} is not a number of seconds") from None
 
         flag_harnesses: list[str] | None = getattr(args, "harness", None)
         if flag_harnesses:
@@ -215,6 +228,7 @@ class HostConfig:
             drain_grace_seconds=grace,
             harnesses=[parse_harness_entry(entry) for entry in harness_entries],
             harness_processes=[parse_harness_process_entry(entry) for entry in process_entries],
+            harness_describe_max_age=describe_max_age,
             registry_addr=pick("registry_addr", "") or None,
             model=pick("model", ""),
             model_base_url=pick("model_base_url", DEFAULT_MODEL_BASE_URL),
@@ -427,6 +441,13 @@ def add_harness_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=MODULE:ATTR",
         help="harness process the host starts (agentsessions-harness serve MODULE:ATTR), restarts after "
         f"a crash and stops on shutdown, repeatable (env {env}HARNESS_PROCESS, comma-separated)",
+    )
+    parser.add_argument(
+        "--harness-describe-max-age",
+        metavar="SECONDS",
+        help="how long a remote harness's descriptor serves admissions while its connection lasts; "
+        f"0 Describes at every admission (env {env}HARNESS_DESCRIBE_MAX_AGE; "
+        f"default {DEFAULT_DESCRIBE_MAX_AGE_SECONDS:g})",
     )
     parser.add_argument(
         "--harness-tls-ca",

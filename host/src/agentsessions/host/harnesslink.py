@@ -21,16 +21,21 @@ returns is not reported as failed.
 Beyond v1 (``agentsessions.sdk.extensions``, announced in the Connect metadata): a re-run says
 its mode and how many effects are recorded, and then answers an IN_HARNESS_REPORTED tool call
 with the recorded result (the sink's ``recorded_report``); an APPROVAL_REQUEST event just
-before a REQUIRES_APPROVAL call gives the sink the harness's reason for it.
+before a REQUIRES_APPROVAL call gives the sink the harness's reason for it; and a harness that
+says it holds a session's history (``agentsessions-history-held``) gets the session's next Start
+with only the events after that history (``agentsessions-history-base``), or, when it no longer
+holds it, the whole history on a second stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
@@ -39,13 +44,15 @@ from agentsessions.host.controller.errors import HarnessUnavailableError
 from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
-from agentsessions.sdk.extensions import connect_metadata
+from agentsessions.sdk.extensions import HISTORY_HELD, connect_metadata
 from agentsessions.sdk.harness import EventSink, Start, approval_details, message_text, recorded_results
 from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 __all__ = [
+    "DESCRIBE_MAX_AGE_S",
+    "HISTORY_BY_REFERENCE_MIN_BYTES",
     "HISTORY_CACHE_SESSIONS",
     "ApprovalDecisions",
     "HarnessFailedError",
@@ -88,6 +95,11 @@ _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start
 _HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
 # Sessions whose encoded history a link keeps (least recently used dropped first).
 HISTORY_CACHE_SESSIONS = 256
+# A history shorter than this goes whole (asking the harness to hold it costs it a metadata send).
+HISTORY_BY_REFERENCE_MIN_BYTES = 32 * 1024
+# How long a descriptor serves admissions on one connection (0: Describe at every admission).
+DESCRIBE_MAX_AGE_S = 5.0
+_READY = grpc.ChannelConnectivity.READY
 
 
 class HarnessLinkError(Exception):
@@ -141,7 +153,16 @@ class RemoteHarness:
     each wait for the harness's next event (None: no bound beyond the caller's); ``ack_timeout``
     bounds the wait for the park acknowledgement and the stream closure after it;
     ``cancel_grace`` is how long :meth:`cancel` lets the harness end before cutting the stream;
-    ``credentials`` dial over TLS (``agentsessions.sdk.tls.ClientTLS``), plaintext without them.
+    ``credentials`` dial over TLS (``agentsessions.sdk.tls.ClientTLS``), plaintext without them;
+    ``history_by_reference=False`` always sends the whole history (see the module docstring).
+
+    Describe once per connection. The contract Describes at every admission to notice a harness
+    that changed; a changed harness is a new process, so a new connection. :meth:`describe` keeps
+    the descriptor the harness gave on the channel's current connection and answers with it while
+    the channel stays READY on that connection, for at most ``describe_max_age`` seconds; a channel
+    that leaves READY (the process went away, a new one answers at the address) drops it, and the
+    next admission Describes again. ``describe_max_age=0`` Describes at every call, as the
+    reference host does.
     """
 
     def __init__(
@@ -153,7 +174,11 @@ class RemoteHarness:
         ack_timeout: float = 10.0,
         cancel_grace: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
+        describe_max_age: float = DESCRIBE_MAX_AGE_S,
+        history_by_reference: bool = True,
     ) -> None:
+        if not describe_max_age >= 0:
+            raise ValueError(f"describe_max_age must be >= 0 seconds, got {describe_max_age}")
         self.address = address
         self._credentials = credentials
         self._target = harness_target(address)
@@ -165,11 +190,19 @@ class RemoteHarness:
         self._stub: harness_pb2_grpc.HarnessAsyncStub | None = None
         self._live: dict[str, _Bridge] = {}
         self._history = _HistoryEncoder(HISTORY_CACHE_SESSIONS)
+        self._describe_max_age = describe_max_age
+        self._history_by_reference = history_by_reference
+        # Connections the channel has left READY from; a descriptor is good for the one it came on.
+        self._connection = 0
+        self._described: _Described | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     def _harness_stub(self) -> harness_pb2_grpc.HarnessAsyncStub:
         # The channel belongs to the event loop that first uses it.
         if self._stub is None:
             self._channel = open_channel(self._target, self._credentials, MESSAGE_SIZE_OPTIONS)
+            # Which connection the channel is on: what a descriptor and a held history belong to.
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(self._channel))
             stub = harness_pb2_grpc.HarnessStub(self._channel)
             # Connect also writes the Start frame pre-encoded (bytes): see _HistoryEncoder.
             stub.Connect = self._channel.stream_stream(
@@ -182,8 +215,14 @@ class RemoteHarness:
         return self._stub
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
+        """The harness's descriptor: Describe, or the one it gave on this connection (see above)."""
+        stub = self._harness_stub()
+        known = self._described
+        if known is not None and self._still_current(known):
+            return known.descriptor
+        connection = self._connection
         try:
-            descriptor: harness_pb2.HarnessDescriptor = await self._harness_stub().Describe(
+            descriptor: harness_pb2.HarnessDescriptor = await stub.Describe(
                 harness_pb2.DescribeRequest(), timeout=self._describe_timeout
             )
         except grpc.aio.AioRpcError as exc:
@@ -191,7 +230,49 @@ class RemoteHarness:
             raise HarnessUnavailableError(
                 f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
             ) from exc
+        channel = self._channel
+        watcher = self._watcher
+        if (
+            self._describe_max_age > 0
+            and watcher is not None
+            and not watcher.done()
+            and channel is not None
+            and connection == self._connection
+            and channel.get_state() is _READY
+        ):
+            self._described = _Described(descriptor, connection, time.monotonic() + self._describe_max_age)
         return descriptor
+
+    def _still_current(self, known: _Described) -> bool:
+        channel = self._channel
+        watcher = self._watcher
+        return (
+            watcher is not None
+            and not watcher.done()
+            and known.connection == self._connection
+            and time.monotonic() < known.expires
+            and channel is not None
+            and channel.get_state() is _READY
+        )
+
+    def connection(self) -> int | None:
+        """The channel's current connection (None: not READY, or not watched)."""
+        channel = self._channel
+        watcher = self._watcher
+        if channel is None or watcher is None or watcher.done() or channel.get_state() is not _READY:
+            return None
+        return self._connection
+
+    async def _watch(self, channel: grpc.aio.Channel) -> None:
+        """Count the connections the channel leaves READY from (each drops the descriptor)."""
+        state = channel.get_state()
+        while True:
+            await channel.wait_for_state_change(state)
+            now = channel.get_state()
+            if state is _READY and now is not _READY:
+                self._connection += 1
+                self._described = None
+            state = now
 
     async def run(self, start: Start, sink: EventSink) -> None:
         """Run one execution on the remote harness, bridging its events to ``sink``."""
@@ -219,6 +300,12 @@ class RemoteHarness:
         return True
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        self._described = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -229,6 +316,15 @@ class RemoteHarness:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+@dataclass(frozen=True)
+class _Described:
+    """A descriptor, the connection it was given on, and when it stops serving admissions."""
+
+    descriptor: harness_pb2.HarnessDescriptor
+    connection: int
+    expires: float  # time.monotonic()
 
 
 class _Bridge:
@@ -242,6 +338,7 @@ class _Bridge:
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._cancel_reason: str | None = None
+        self._session_mode = ""
 
     async def run(self) -> None:
         outer = asyncio.current_task()
@@ -285,19 +382,14 @@ class _Bridge:
 
     async def _bridge(self) -> None:
         start = self._start
-        sink = self._sink
-        replaying = recorded_results(sink)
-        mode = getattr(sink, "host_mode", "")  # the session's mode, when the host's sink says
-        mode = mode if isinstance(mode, str) else ""
+        link = self._link
+        replaying = recorded_results(self._sink)
+        session_mode = getattr(self._sink, "host_mode", "")  # the session's mode, when the host's sink says
+        self._session_mode = session_mode if isinstance(session_mode, str) else ""
         if replaying is not None and replaying.recorded_effects > 0:
-            extensions = connect_metadata(replaying.run_mode, replaying.recorded_effects, mode)
+            mode, recorded = replaying.run_mode, replaying.recorded_effects
         else:
-            extensions = connect_metadata("live", 0, mode)
-        try:
-            # The turn's trace context rides along, so the harness's spans join the turn.
-            self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
-        except grpc.aio.AioRpcError as exc:
-            raise _stream_error(exc, self._link.address) from exc
+            mode, recorded = "live", 0
         body = harness_pb2.Start(
             config=start.config,
             inputs=list(start.inputs),
@@ -306,14 +398,47 @@ class _Bridge:
         if start.identity is not None:
             body.identity.CopyFrom(start.identity)
         envelope = harness_pb2.ControllerFrame(session=start.session, execution_id=start.execution_id)
-        history = self._link._history.encode(start.session, start.history)
-        await self._write(_start_frame(envelope, body, history))
+        history = link._history.update(start.session, start.history)
+        connection = link.connection()
+        # History by reference (agentsessions.sdk.extensions) to a harness that said it holds some.
+        base = history.base_on(connection) if link._history_by_reference else None
+        event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
+        if event is _BASE_NOT_HELD:
+            history.held = None
+            base = history.base_on(connection)  # the whole history this time
+            event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
+        assert not isinstance(event, _Marker)
+        if link._history_by_reference and self._call is not None and connection is not None:
+            history.held_after(await self._call.initial_metadata(), start.execution_id, connection)
         while True:
-            event = await self._receive(self._link._event_timeout, "event")
             if event is None:
                 return  # EOF without END: completed, as the reference host treats it
             if await self._handle(event):
                 return
+            event = await self._receive(link._event_timeout, "event")
+
+    async def _open(
+        self, mode: str, recorded: int, base: HeldBase | None, start_frame: bytes
+    ) -> common_pb2.Event | _Marker | None:
+        """Open the stream, send the Start frame and read the first event; ``_BASE_NOT_HELD`` when
+        the harness refused the history base."""
+        extensions = connect_metadata(
+            mode, recorded, None if base is None else base.token, mode=self._session_mode
+        )
+        try:
+            # The turn's trace context rides along, so the harness's spans join the turn.
+            self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
+        except grpc.aio.AioRpcError as exc:
+            raise _stream_error(exc, self._link.address) from exc
+        await self._write(start_frame)
+        try:
+            return await self._receive(self._link._event_timeout, "event")
+        except HarnessFailedError as exc:
+            if base is not None and base.token and exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                trailing = await self._call.trailing_metadata()
+                if any(key == HISTORY_HELD for key, _ in trailing or ()):
+                    return _BASE_NOT_HELD
+            raise
 
     async def _handle(self, event: common_pb2.Event) -> bool:
         """Act on one harness event; True when it ended the execution."""
@@ -498,6 +623,75 @@ class _Bridge:
         return message
 
 
+class _Marker:
+    """A sentinel type (see ``_BASE_NOT_HELD``)."""
+
+
+_BASE_NOT_HELD = _Marker()
+
+
+@dataclass(frozen=True)
+class HeldBase:
+    """What the harness said it holds of a session's history: the events sent with the Start
+    ``token``, on connection ``connection`` of the channel."""
+
+    count: int
+    token: str
+    connection: int
+
+
+class _History:
+    """One session's Start.history on the wire: each event encoded once, as a repeated
+    ``Start.history`` field, and the end offset of each in ``encoded``."""
+
+    __slots__ = ("encoded", "ends", "held", "last")
+
+    def __init__(self) -> None:
+        self.encoded = bytearray()
+        self.ends: list[int] = []
+        self.last: common_pb2.Event | None = None
+        self.held: HeldBase | None = None
+
+    def extends(self, history: Sequence[common_pb2.Event]) -> bool:
+        # The controller hands over the journal cache's own event objects, which only ever grow
+        # at the end: the same last event at the same place means the same prefix.
+        count = len(self.ends)
+        return count == 0 or (len(history) >= count and history[count - 1] is self.last)
+
+    def feed(self, history: Sequence[common_pb2.Event]) -> None:
+        encoded, ends = self.encoded, self.ends
+        for index in range(len(ends), len(history)):
+            event = history[index]
+            blob = event.SerializeToString()
+            encoded += _HISTORY_TAG
+            encoded += _varint(len(blob))
+            encoded += blob
+            ends.append(len(encoded))
+            self.last = event
+
+    def base_on(self, connection: int | None) -> HeldBase | None:
+        """The base to send to a harness on ``connection`` ("" token: it may hold one from now;
+        None: a history too short to be worth it goes whole, without the extension)."""
+        held = self.held
+        if connection is None or len(self.encoded) < HISTORY_BY_REFERENCE_MIN_BYTES:
+            return None
+        if held is None or held.connection != connection or held.count > len(self.ends):
+            return HeldBase(0, "", connection)
+        return held
+
+    def after(self, base: HeldBase | None) -> memoryview:
+        """The encoded events after ``base`` (all of them without one)."""
+        start = 0 if base is None or base.count == 0 else self.ends[base.count - 1]
+        return memoryview(self.encoded)[start:]
+
+    def held_after(self, metadata: Any, token: str, connection: int) -> None:
+        """Take the harness's ``agentsessions-history-held`` answer to the Start ``token``."""
+        self.held = None
+        for key, value in metadata or ():
+            if key == HISTORY_HELD and value == token:
+                self.held = HeldBase(len(self.ends), token, connection)
+
+
 class _HistoryEncoder:
     """Start.history on the wire, encoded incrementally per session.
 
@@ -509,25 +703,19 @@ class _HistoryEncoder:
 
     def __init__(self, max_sessions: int) -> None:
         self._max = max_sessions
-        # session -> (the events encoded so far, their encoding as repeated Start.history fields)
-        self._entries: OrderedDict[str, tuple[list[common_pb2.Event], bytearray]] = OrderedDict()
+        self._entries: OrderedDict[str, _History] = OrderedDict()
 
-    def encode(self, session: str, history: Sequence[common_pb2.Event]) -> bytes:
+    def update(self, session: str, history: Sequence[common_pb2.Event]) -> _History:
+        """The session's encoding, extended to ``history``."""
         entry = self._entries.get(session)
-        if entry is None or len(entry[0]) > len(history) or list(history[: len(entry[0])]) != entry[0]:
-            entry = ([], bytearray())
-        events, encoded = entry
-        for event in history[len(events) :]:
-            blob = event.SerializeToString()
-            encoded += _HISTORY_TAG
-            encoded += _varint(len(blob))
-            encoded += blob
-            events.append(event)
-        self._entries[session] = entry
+        if entry is None or not entry.extends(history):
+            entry = _History()
+            self._entries[session] = entry
+        entry.feed(history)
         self._entries.move_to_end(session)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
-        return bytes(encoded)
+        return entry
 
 
 def _varint(value: int) -> bytes:
@@ -539,7 +727,9 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _start_frame(envelope: harness_pb2.ControllerFrame, body: harness_pb2.Start, history: bytes) -> bytes:
+def _start_frame(
+    envelope: harness_pb2.ControllerFrame, body: harness_pb2.Start, history: bytes | memoryview
+) -> bytes:
     """A ControllerFrame{start} on the wire: the envelope, then Start with its encoded history
     appended (a parser merges fields in any order, so this reads as one ordinary Start)."""
     start = b"".join((body.SerializeToString(), history))

@@ -54,8 +54,18 @@ def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = No
 
 
 def _timestamp(record: logging.LogRecord) -> str:
-    moment = datetime.fromtimestamp(record.created, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``2024-05-01T12:00:00.123Z``; the part up to the second is formatted once a second."""
+    global _second_text, _second
+    second = int(record.created)
+    if second != _second:
+        _second_text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = second
+    millis = int((record.created - second) * 1000)
+    return f"{_second_text}.{millis:03d}Z"
+
+
+_second = -1
+_second_text = ""
 
 
 def _structured(record: logging.LogRecord) -> dict[str, Any]:

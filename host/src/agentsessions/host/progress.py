@@ -16,18 +16,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 __all__ = ["Bar", "enabled", "progress"]
 
@@ -80,6 +72,17 @@ def progress(description: str, *, total: int | None = None, unit: str = "") -> I
     if not enabled():
         yield _Hidden()
         return
+    # rich loads only when a bar is drawn (every `agentsessions` command imports this module).
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     columns = [
         SpinnerColumn(),
         TextColumn("{task.description}"),

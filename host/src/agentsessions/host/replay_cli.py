@@ -28,7 +28,7 @@ from agentsessions.host.app import App, build_controller
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.controller.errors import ControllerError, ReplayDivergedError
 from agentsessions.host.controller.replay import ReplayReport
-from agentsessions.host.journal.postgres import redact_url
+from agentsessions.host.journal import redact_url
 from agentsessions.host.journal.store import StoreError, TamperedError
 from agentsessions.host.progress import progress
 from agentsessions.host.runtime.process import HarnessProcessError

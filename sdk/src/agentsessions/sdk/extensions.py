@@ -30,6 +30,22 @@ from this host.
     recovery, replay), so a harness that follows it re-runs identically. Whatever the harness
     does, the host enforces a mode at least this strict on every call it runs; a harness follows
     it for the tools it runs itself.
+
+``agentsessions-history-base: TOKEN`` (empty: none), and the harness's ``agentsessions-history-held``
+    History by reference. ``Start.history`` holds every earlier event of the session, so a long
+    session's Start frames grow by about five events a turn (3.5 MB at turn 10,000). A harness
+    process served by this SDK keeps the history of the sessions it served, and says so: its
+    Connect response's initial metadata carries ``agentsessions-history-held: TOKEN`` (the Start's
+    execution id) when it now holds that Start's whole history. The host then sends the next Start
+    of the session with ``agentsessions-history-base: TOKEN`` and only the events after the ones
+    it sent with that Start; the harness puts the held events in front. A harness that does not
+    hold ``TOKEN`` (it restarted, evicted the session, or is another process behind the address)
+    ends the stream at once, before running anything, with FAILED_PRECONDITION and trailing
+    metadata ``agentsessions-history-held: ""``; the host sends that Start again with the whole
+    history. The header with an empty value says the host can send by reference and the Start
+    carries the whole history. The host sends a base only to the connection that answered
+    ``held`` (a new connection starts over), so a v1 harness, which never answers it, always gets
+    the whole history; harness processes behind one address must all run this SDK, or none.
 """
 
 from __future__ import annotations
@@ -44,6 +60,8 @@ RECORDED_EFFECTS = "agentsessions-recorded-effects"
 FEATURES = "agentsessions-features"
 APPROVAL_REASON = "approval-reason"
 MODE = "agentsessions-mode"
+HISTORY_BASE = "agentsessions-history-base"
+HISTORY_HELD = "agentsessions-history-held"
 
 LIVE = "live"
 RECOVERY = "recovery"
@@ -59,20 +77,26 @@ class ConnectExtensions:
     recorded_effects: int = 0
     approval_reason: bool = False
     mode: str = ""  # the session's mode ("" when it has none)
+    # None: the host sends no history by reference; "": it can, this Start has the whole history.
+    history_base: str | None = None
 
 
 NONE = ConnectExtensions()
 
 
-def connect_metadata(run_mode: str, recorded_effects: int, mode: str = "") -> list[tuple[str, str]]:
-    """The metadata the host sends on a Connect call for a run of this kind (``mode``: the
-    session's mode, if it has one)."""
+def connect_metadata(
+    run_mode: str, recorded_effects: int, history_base: str | None = None, *, mode: str = ""
+) -> list[tuple[str, str]]:
+    """The metadata the host sends on a Connect call for a run of this kind (``history_base``: see
+    the module docstring, None leaves the header out; ``mode``: the session's mode, if it has one)."""
     metadata = [(FEATURES, APPROVAL_REASON)]
     if run_mode in _MODES:
         metadata.append((RUN_MODE, run_mode))
         metadata.append((RECORDED_EFFECTS, str(recorded_effects)))
     if mode:
         metadata.append((MODE, mode))
+    if history_base is not None:
+        metadata.append((HISTORY_BASE, history_base))
     return metadata
 
 
@@ -84,6 +108,7 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
     recorded = 0
     reason = False
     session_mode = ""
+    base: str | None = None
     for key, value in metadata:
         if not isinstance(value, str):
             continue
@@ -95,10 +120,16 @@ def parse_connect_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -
             reason = APPROVAL_REASON in (v.strip() for v in value.split(","))
         elif key == MODE and value in MODES:
             session_mode = value
+        elif key == HISTORY_BASE:
+            base = value
     if mode == LIVE:
         recorded = 0
-    if (mode, recorded, reason, session_mode) == (LIVE, 0, False, ""):
+    if (mode, recorded, reason, session_mode, base) == (LIVE, 0, False, "", None):
         return NONE
     return ConnectExtensions(
-        run_mode=mode, recorded_effects=recorded, approval_reason=reason, mode=session_mode
+        run_mode=mode,
+        recorded_effects=recorded,
+        approval_reason=reason,
+        mode=session_mode,
+        history_base=base,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 from decimal import Decimal
 
@@ -42,17 +43,16 @@ _ESCAPES = {
 
 
 def _str(s: str) -> str:
-    out = ['"']
-    for ch in s:
-        esc = _ESCAPES.get(ch)
-        if esc is not None:
-            out.append(esc)
-        elif ord(ch) < 0x20:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    # The C encoder writes what Go does (short escapes, \u00XX for other controls), less Go's HTML
+    # and line-separator escapes, added after: a per-character loop costs ~50 ns a character.
+    text = json.dumps(s, ensure_ascii=False)
+    for ch in _GO_ONLY:
+        if ch in text:
+            text = text.replace(ch, _ESCAPES[ch])
+    return text
+
+
+_GO_ONLY = "<>&\u2028\u2029"
 
 
 def _float(f: float) -> str:

@@ -15,6 +15,7 @@ host's trace context, see ``tracing``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -23,10 +24,10 @@ import grpc
 
 from agentsessions.sdk import tracing
 from agentsessions.sdk.errors import ExecutionCancelledError, find_park
-from agentsessions.sdk.extensions import parse_connect_metadata
+from agentsessions.sdk.extensions import HISTORY_HELD, parse_connect_metadata
 from agentsessions.sdk.harness import Harness, Start, require_harness
 from agentsessions.sdk.sink import Frame, FrameWatcher, StreamSink
-from agentsessions.sdk.startframe import LazyHistory, parse_start_frame
+from agentsessions.sdk.startframe import HeldHistories, LazyHistory, parse_start_frame
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 logger = logging.getLogger("agentsessions.sdk.server")
@@ -40,7 +41,9 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
 
     ``reply_timeout`` bounds each wait for a host reply (and for the host to take an event);
     ``start_timeout`` bounds the wait for the Start frame; ``cancel_grace`` is how long a
-    cancelled run may take to unwind before it is cancelled as a task.
+    cancelled run may take to unwind before it is cancelled as a task; ``held_history_bytes``
+    bounds the session histories kept for the host's history-by-reference extension
+    (``agentsessions.sdk.extensions``; 0 keeps none).
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
         reply_timeout: float | None = 600.0,
         start_timeout: float = 30.0,
         cancel_grace: float = 5.0,
+        held_history_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self._harness = require_harness(harness, "HarnessServicer")
+        self._held = HeldHistories(held_history_bytes)
         hook = getattr(harness, "cancel", None)
         self._cancel_hook: CancelHook | None = hook if callable(hook) else None
         self._reply_timeout = reply_timeout
@@ -103,13 +108,32 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
 
         start = start_from_frame(first)
         metadata = context.invocation_metadata()
+        extensions = parse_connect_metadata(metadata)
+        if extensions.history_base is not None:
+            # History by reference (agentsessions.sdk.extensions): the held events, then the frame's.
+            held, kept = (None, False)
+            if not isinstance(first, Frame):
+                held, kept = self._held.take(
+                    start.session, start.execution_id, extensions.history_base, first.start
+                )
+            if held is None and extensions.history_base:
+                context.set_trailing_metadata(((HISTORY_HELD, ""),))
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"history base {extensions.history_base!r} is not held by this harness process",
+                )
+                return
+            if held is not None:
+                start = dataclasses.replace(start, history=LazyHistory(held=held))
+            if kept:
+                await context.send_initial_metadata(((HISTORY_HELD, start.execution_id),))
         sink = StreamSink(
             start.session,
             start.execution_id,
             write=context.write,
             read=read,
             reply_timeout=self._reply_timeout,
-            extensions=parse_connect_metadata(metadata),
+            extensions=extensions,
         )
         # The run joins the host's trace (when OpenTelemetry is installed): see tracing.py.
         run_context, traced = tracing.start_run(metadata, start.session, start.execution_id)

@@ -11,11 +11,17 @@ The view messages are built here from the v1 descriptors (no generated code, not
 wire): ``StartFrameView`` has the envelope (``session``, ``execution_id``) and ``start``;
 ``StartView`` has ``config``, ``inputs``, ``identity`` and ``resume_from_seq``, with the v1
 message types, so ``inputs`` are ordinary ``agentsessions.v1.Message`` objects.
+
+:class:`HeldHistories` keeps each session's history, still encoded, between its turns, for the
+host's history-by-reference extension (``agentsessions.sdk.extensions``): a Start that names a
+held base carries only the events after it, and the history is the held events, then those.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -78,18 +84,89 @@ def parse_start_frame(data: bytes) -> Any:
     return _VIEW.FromString(data)
 
 
-class LazyHistory(Sequence[common_pb2.Event]):
-    """``Start.history`` of a view, parsed on first use."""
+_DECLARED = ("config", "inputs", "identity", "resume_from_seq")
 
-    def __init__(self, start_view: Any) -> None:
+
+def history_fields(start_view: Any) -> bytes:
+    """The encoded ``Start.history`` fields of a Start view (the fields it did not declare)."""
+    rest = type(start_view)()
+    rest.CopyFrom(start_view)
+    for name in _DECLARED:
+        rest.ClearField(name)
+    return bytes(rest.SerializeToString())
+
+
+@dataclass(frozen=True, eq=False)
+class HeldHistory:
+    """A session's history as one Start delivered it: the held history it extended (``base``),
+    then this Start's own encoded events."""
+
+    token: str  # the execution id of the Start
+    base: HeldHistory | None
+    encoded: bytes
+    size: int  # bytes of the whole chain
+
+    def chunks(self) -> list[bytes]:
+        out: list[bytes] = []
+        link: HeldHistory | None = self
+        while link is not None:
+            out.append(link.encoded)
+            link = link.base
+        out.reverse()
+        return out
+
+
+class HeldHistories:
+    """The histories a harness process holds, one per session (the newest), at most ``max_bytes``
+    of them: the sessions served least recently are dropped first."""
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._held: OrderedDict[str, HeldHistory] = OrderedDict()
+
+    def take(
+        self, session: str, execution_id: str, base: str, start_view: Any
+    ) -> tuple[HeldHistory | None, bool]:
+        """The history of a Start naming ``base`` ("" for none: it carries the whole history),
+        and whether it is now held (None, False: ``base`` is not held here)."""
+        parent: HeldHistory | None = None
+        if base:
+            parent = self._held.get(session)
+            if parent is None or parent.token != base:
+                return None, False
+        encoded = history_fields(start_view)
+        history = HeldHistory(execution_id, parent, encoded, len(encoded) + (parent.size if parent else 0))
+        old = self._held.pop(session, None)
+        if old is not None:
+            self._size -= old.size
+        if history.size > self._max_bytes:
+            return history, False
+        self._held[session] = history
+        self._size += history.size
+        while self._size > self._max_bytes:
+            _, dropped = self._held.popitem(last=False)
+            self._size -= dropped.size
+        return history, True
+
+
+class LazyHistory(Sequence[common_pb2.Event]):
+    """``Start.history`` of a view (or of a held history), parsed on first use."""
+
+    def __init__(self, start_view: Any = None, *, held: HeldHistory | None = None) -> None:
         self._view = start_view
+        self._held = held
         self._events: Sequence[common_pb2.Event] | None = None
 
     def _parsed(self) -> Sequence[common_pb2.Event]:
         if self._events is None:
-            # The view re-serializes the fields it did not declare (the history) as it read them.
-            self._events = harness_pb2.Start.FromString(self._view.SerializeToString()).history
-            self._view = None
+            if self._held is not None:
+                encoded = b"".join(self._held.chunks())
+            else:
+                # The view re-serializes the fields it did not declare (the history) as it read them.
+                encoded = self._view.SerializeToString()
+            self._events = harness_pb2.Start.FromString(encoded).history
+            self._view = self._held = None
         return self._events
 
     @overload

@@ -20,6 +20,7 @@ from agentsessions.host.controller.access import OPEN_ACCESS, SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.core import Core
+from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.drive import Driver, RunningTurns
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.guard import SessionGuards
@@ -49,6 +50,7 @@ class Controller:
         default_project: str = "default",
         purge_on_delete: bool = False,
         stream_deltas: bool = True,
+        delta_batching: DeltaBatching | None = None,
         cancel_grace_s: float = 5.0,
         new_id: Callable[[], str] | None = None,
         approval_policy: ApprovalPolicy | None = None,
@@ -75,6 +77,8 @@ class Controller:
                 stream_deltas=stream_deltas,
                 approval_policy=self.approval_policy,
                 events=cache.events,
+                # Streamed model text: frames of up to 1 KiB, at most 200 ms late (controller.deltas).
+                delta_batching=delta_batching,
             ),
             driver=Driver(RunningTurns()),
             guards=self.guards,

@@ -9,8 +9,11 @@ that does not extend the cached chain (another writer, a purge) drops the entry.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import JournalStore
@@ -84,3 +87,36 @@ class JournalCache:
         self._entries.move_to_end(uid)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
+
+
+class Prefix(Sequence[common_pb2.Event]):
+    """The first ``len(events)`` events of a cached journal list, as they are now, without a copy
+    (the cache only appends, so the prefix never changes): a turn's Start.history at turn
+    10,000 would otherwise copy 50,000 references."""
+
+    __slots__ = ("_events", "_length")
+
+    def __init__(self, events: list[common_pb2.Event], length: int | None = None) -> None:
+        self._events = events
+        self._length = len(events) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> common_pb2.Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[common_pb2.Event]: ...
+
+    def __getitem__(self, index: int | slice) -> common_pb2.Event | list[common_pb2.Event]:
+        if isinstance(index, slice):
+            return [self._events[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("history index out of range")
+        return self._events[index]
+
+    def __iter__(self) -> Iterator[common_pb2.Event]:
+        return itertools.islice(self._events, self._length)

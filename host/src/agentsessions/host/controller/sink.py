@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agentsessions.host.controller.approval_policy import SessionGate
+from agentsessions.host.controller.deltas import DeltaBatching, DeltaSink, DeltaStream
 from agentsessions.host.controller.errors import InheritedToolIntentError, ReplayDivergedError
 from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
@@ -40,7 +41,7 @@ from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
-from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+from agentsessions.v1 import common_pb2, harness_pb2
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ K = common_pb2
 
 # Appends one event for this execution and returns its durable record.
 Appender = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
-DeltaSink = Callable[[session_pb2.Delta], Awaitable[None]]
+__all__ = ["Appender", "DeltaSink", "ExecutionSink", "SinkCounters"]
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ExecutionSink:
         recorded_usage: int = 0,
         live: bool = True,
         on_delta: DeltaSink | None = None,
+        delta_batching: DeltaBatching | None = None,
         inherited_prefix: bool = False,
         redrive_trailing_model: bool = True,
         new_id: Callable[[], str] | None = None,
@@ -91,6 +93,7 @@ class ExecutionSink:
         self._usage_left = recorded_usage
         self._live = live
         self._on_delta = on_delta
+        self._delta_batching = delta_batching or DeltaBatching()
         self._inherited = inherited_prefix
         self._redrive_model = redrive_trailing_model
         self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
@@ -209,13 +212,14 @@ class ExecutionSink:
         on_delta = self._on_delta
         if on_delta is None:
             return await self._model.complete(call)
-        execution_id = self.execution_id
-
-        async def relay(chunk: str) -> None:
-            await on_delta(session_pb2.Delta(execution_id=execution_id, chunk=chunk))
-
-        result = await self._model.complete(call, relay)
-        await on_delta(session_pb2.Delta(execution_id=execution_id, done=True))
+        # Streamed text leaves in batches (controller.deltas), then the final done frame.
+        stream = DeltaStream(self.execution_id, on_delta, self._delta_batching)
+        try:
+            result = await self._model.complete(call, stream.push)
+        except BaseException:
+            stream.close()
+            raise
+        await stream.finish()
         return result
 
     async def output(self, text: str) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
+from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
 from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mode
@@ -49,11 +50,13 @@ class SinkFactory:
         stream_deltas: bool,
         approval_policy: ApprovalPolicy,
         events: Events,
+        delta_batching: DeltaBatching | None = None,
     ) -> None:
         self._model = model
         self._tools = tools
         self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         self._stream_deltas = stream_deltas
+        self._delta_batching = delta_batching or DeltaBatching()
         self._policy = approval_policy
         self._events = events
         # What the mode check needs of host-run tools: their classes, workspaces, confinement.
@@ -129,6 +132,7 @@ class SinkFactory:
             recorded_usage=recorded.usage if recorded is not None else 0,
             live=live,
             on_delta=on_delta,
+            delta_batching=self._delta_batching,
             inherited_prefix=recorded is not None and recorded.inherited,
             redrive_trailing_model=recorded is None or not recorded.legacy,
             new_id=self._new_id if live else None,

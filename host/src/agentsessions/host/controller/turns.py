@@ -26,6 +26,7 @@ from agentsessions.host.controller.errors import (
     FailedPreconditionError,
 )
 from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
+from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import SessionRow
@@ -152,7 +153,7 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
     # As read at admission: the guard has kept this host's writers out since.
     events = turn.events
     expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
-    history = list(events)
+    history = Prefix(events)  # the journal as admitted, not a copy of it
     await compute.attach(resolved, row.uid)
     execution_id = core.new_id()
     start_event = common_pb2.Event(

@@ -32,9 +32,8 @@ import aiosqlite
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from agentsessions.host.journal import gojson
+from agentsessions.host.journal import gojson, redact_url
 from agentsessions.host.journal.canon import content_hash
-from agentsessions.host.journal.postgres import PostgresStore, redact_url
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SqliteStore
 from agentsessions.host.journal.store import (
     JournalStore,
@@ -163,6 +162,9 @@ def _check_existing_file(path: Path, what: str) -> None:
 async def _open(target: str, *, create: bool) -> _VerbatimStore:
     """Open ``--journal``. Without ``create`` nothing may be created or upgraded."""
     if target.startswith(_POSTGRES_SCHEMES):
+        # asyncpg loads only for a PostgreSQL journal (every `agentsessions` command imports this module).
+        from agentsessions.host.journal.postgres import PostgresStore
+
         return await PostgresStore.open(target, pool_size=4, migrate=create)
     if target == "memory:":
         raise InputError("memory: journals vanish with the process; name a SQLite file or a postgres:// URL")

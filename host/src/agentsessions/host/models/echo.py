@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from agentsessions.host.models.provider import DeltaCallback
@@ -9,6 +10,8 @@ from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2
 
 PREFIX = "echo:"
+# Streaming yields to the event loop after this much text, so a huge echo shares the host.
+YIELD_EVERY_CHARS = 16 * 1024
 
 
 class EchoModel:
@@ -28,8 +31,13 @@ class EchoModel:
     ) -> harness_pb2.ModelResult:
         reply = PREFIX + _last_user_text(call.messages)
         if on_delta is not None:
+            since_yield = 0
             for offset in range(0, len(reply), self._chunk_size):
                 await on_delta(reply[offset : offset + self._chunk_size])
+                since_yield += self._chunk_size
+                if since_yield >= YIELD_EVERY_CHARS:
+                    since_yield = 0
+                    await asyncio.sleep(0)
         return harness_pb2.ModelResult(message=text_message("assistant", reply))
 
 

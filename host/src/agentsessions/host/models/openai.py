@@ -19,15 +19,16 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from agentsessions.host.models.policy import RetryPolicy, Timeouts
 from agentsessions.host.models.provider import DeltaCallback, ModelError
-from agentsessions.host.models.transport import ChatTransport, RetryPolicy, Timeouts
 from agentsessions.sdk import chat, convert
 from agentsessions.sdk.convert import ConversionError
 from agentsessions.v1 import common_pb2, harness_pb2
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_PATH = "/chat/completions"
@@ -81,6 +82,9 @@ class OpenAIModel:
             path = "/" + path
         self.url = base_url.rstrip("/") + path
         self._timeout = timeout
+        # httpx and tenacity load with the first provider, not with the host (start-up time).
+        from agentsessions.host.models.transport import ChatTransport
+
         self._transport = ChatTransport(
             timeouts=Timeouts(connect=connect_timeout, read=read_timeout, total=timeout), retry=retry
         )
@@ -94,6 +98,8 @@ class OpenAIModel:
     async def complete(
         self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
     ) -> harness_pb2.ModelResult:
+        import httpx  # loaded by the transport already: a dictionary lookup
+
         model = self.model if call.model in _DEFAULT_MODEL_ALIASES else call.model
         stream = self._stream and on_delta is not None
         body = build_request(call, model, stream=stream)

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import httpx
@@ -31,6 +30,7 @@ import tenacity
 from opentelemetry import metrics, trace
 
 from agentsessions.host.logs import fields
+from agentsessions.host.models.policy import RetryPolicy, Timeouts
 from agentsessions.host.models.provider import ModelError
 from agentsessions.host.telemetry import names, switch
 
@@ -44,37 +44,6 @@ _retries = metrics.get_meter(names.INSTRUMENTATION).create_counter(
 # Bytes of an error body kept for the message (the rest is dropped unread).
 _ERROR_BODY_LIMIT = 64 * 1024
 _DETAIL_LIMIT = 200
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """``connect`` bounds opening a connection, ``read`` each read (and write), ``total`` the whole
-    completion: every request, every wait between them, and the streamed answer."""
-
-    connect: float = 10.0
-    read: float = 120.0
-    total: float = 300.0
-
-    def __post_init__(self) -> None:
-        for name in ("connect", "read", "total"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"the {name} timeout must be a positive number of seconds")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a request is retried; ``max_attempts=1`` never retries."""
-
-    max_attempts: int = 4
-    initial_backoff: float = 0.5
-    max_backoff: float = 20.0
-    jitter: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.initial_backoff < 0 or self.max_backoff < 0 or self.jitter < 0:
-            raise ValueError("backoff and jitter must not be negative")
 
 
 class _Retryable(Exception):

@@ -14,6 +14,7 @@ import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import NoReturn, TypeVar
 
+import grpc
 from grpc import aio
 
 from agentsessions.host import callcontext
@@ -30,6 +31,8 @@ from agentsessions.host.service.status import status_of
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 SERVICE_NAME: str = session_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
+# ExecUpdate.record's wire tag (field number << 3 | length-delimited): see _record_frame.
+_RECORD_TAG = bytes([session_pb2.ExecUpdate.DESCRIPTOR.fields_by_name["record"].number << 3 | 2])
 
 
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -79,10 +82,16 @@ def _streaming(
 
 
 class SessionsServicer(session_pb2_grpc.SessionsServicer):
-    """The client-facing Sessions API."""
+    """The client-facing Sessions API.
+
+    Served by :func:`add_to_server`, Exec sends each record as the ExecUpdate's bytes, encoded
+    from the record as the journal returned it (no copy into an ExecUpdate message first);
+    registered the generated way (``add_SessionsServicer_to_server``) it sends messages.
+    """
 
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
+        self.pre_encoded = False
 
     @_unary
     async def CreateSession(
@@ -116,15 +125,17 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         uid = v.session_uid("uid", request.uid)
         return session_proto(await self.controller.delete_session(uid, call=call))
 
+    # Records go out as bytes when served by add_to_server; the generated stub types messages only.
     @_streaming
-    async def Exec(
+    async def Exec(  # type: ignore[override]
         self, request: session_pb2.ExecRequest, call: CallContext
-    ) -> AsyncGenerator[session_pb2.ExecUpdate, None]:
+    ) -> AsyncGenerator[session_pb2.ExecUpdate | bytes, None]:
+        encoded = self.pre_encoded
         async with self.controller.admit_exec(_exec_params(request), call=call) as turn:
             yield session_pb2.ExecUpdate(session=session_proto(turn.view))
             async for update in turn.run():
                 if isinstance(update, common_pb2.LogRecord):
-                    yield session_pb2.ExecUpdate(record=update)
+                    yield _record_frame(update) if encoded else session_pb2.ExecUpdate(record=update)
                 elif isinstance(update, session_pb2.Delta):
                     yield session_pb2.ExecUpdate(delta=update)
                 else:
@@ -191,6 +202,53 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         params = ForkParams(request.at_seq, request.count, list(request.child_names), labels)
         children = await self.controller.fork(uid, params, call=call)
         return session_pb2.ForkResponse(children=[session_proto(c) for c in children])
+
+
+def add_to_server(servicer: SessionsServicer, server: aio.Server) -> None:
+    """Serve ``servicer`` as ``agentsessions.v1.Sessions``, its Exec records pre-encoded (what
+    ``add_SessionsServicer_to_server`` does otherwise, every frame a message, works too)."""
+    service = session_pb2.DESCRIPTOR.services_by_name["Sessions"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        request = getattr(session_pb2, method.input_type.name)
+        response = getattr(session_pb2, method.output_type.name, None) or getattr(
+            common_pb2, method.output_type.name
+        )
+        serialize = _frame_bytes if method.name == "Exec" else response.SerializeToString
+        if method.client_streaming:
+            raise TypeError(f"Sessions.{method.name}: client streaming is not served here")
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=request.FromString,
+            response_serializer=serialize,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+    servicer.pre_encoded = True
+
+
+def _record_frame(record: common_pb2.LogRecord) -> bytes:
+    """``ExecUpdate{record}`` on the wire: the record's encoding behind the field's tag and length."""
+    body = record.SerializeToString()
+    return b"".join((_RECORD_TAG, _varint(len(body)), body))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _frame_bytes(frame: session_pb2.ExecUpdate | bytes) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.SerializeToString()
 
 
 def _requested_row(s: session_pb2.Session) -> SessionRow:

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from opentelemetry import propagate
 
+from agentsessions.host.telemetry import switch
+
 
 def outgoing_metadata() -> tuple[tuple[str, str], ...]:
     """The current trace context as gRPC metadata pairs (empty when nothing is being traced)."""
+    if not switch.enabled():
+        return ()  # nothing records, so there is no context to hand on
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return tuple(carrier.items())

@@ -13,22 +13,17 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
-    MetricExporter,
-    MetricReader,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from agentsessions.host.telemetry import switch
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 SERVICE_NAME = "agentsessions-host"
 
@@ -53,6 +48,10 @@ class Installed:
 
 def exporters(kind: str, stream: TextIO | None = None) -> tuple[SpanExporter, MetricExporter]:
     """The span and metric exporters for ``kind`` (console or otlp)."""
+    # The SDK loads only when an exporter is asked for: a host without one never imports it.
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
     if kind == "console":
         out = stream or sys.stdout
         return ConsoleSpanExporter(out=out), ConsoleMetricExporter(out=out)
@@ -73,6 +72,13 @@ def build(kind: str, stream: TextIO | None = None) -> Installed:
     """Providers exporting to ``kind``, not yet installed (``none``: no providers)."""
     if kind == "none":
         return Installed()
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import SERVICE_NAME as SERVICE_NAME_KEY
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     span_exporter, metric_exporter = exporters(kind, stream)
     # OTEL_RESOURCE_ATTRIBUTES adds attributes; OTEL_SERVICE_NAME, when set, renames the service.
     resource = Resource.create({SERVICE_NAME_KEY: os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME})

@@ -1,0 +1,43 @@
+"""The host loads what it serves with and nothing else: packages that only some flags use (the
+OpenAI-compatible provider's HTTP stack, PostgreSQL, the OpenTelemetry SDK, progress bars) are
+imported when those flags are, so a plain ``agentsessions serve`` starts fast (bench/startup.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+OPTIONAL = ("httpx", "tenacity", "asyncpg", "rich", "opentelemetry.sdk")
+
+PROBE = """
+import json, sys
+from agentsessions.host import cli
+cli.build_parser()
+from agentsessions.host import app, server
+loaded = sorted({m for m in sys.modules for p in PREFIXES if m == p or m.startswith(p + ".")})
+print(json.dumps(loaded))
+"""
+
+
+def loaded_after(code: str) -> list[str]:
+    program = f"PREFIXES = {OPTIONAL!r}\n{code}"
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
+    result: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_serving_imports_no_optional_package() -> None:
+    assert loaded_after(PROBE) == []
+
+
+def test_the_model_provider_loads_its_http_stack_when_built() -> None:
+    code = PROBE.replace(
+        "loaded =",
+        "from agentsessions.host.models.openai import OpenAIModel\nOpenAIModel('m')\nloaded =",
+    )
+    loaded = loaded_after(code)
+    assert "httpx" in loaded and "tenacity" in loaded
+    assert not any(m.startswith(("asyncpg", "opentelemetry.sdk")) for m in loaded)

@@ -1,0 +1,201 @@
+"""History by reference (agentsessions.sdk.extensions): once a session's history passes
+``HISTORY_BY_REFERENCE_MIN_BYTES``, an SDK-served harness keeps it between turns, so the host's
+Start frames carry only the events since the last one, and the harness still sees the whole
+history; a harness that lost what it held (evicted, restarted) gets the whole history again, and
+a v1 harness always does. Inputs of a few KB make the histories pass the threshold in a few turns."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.sdk import EventSink, Start
+from agentsessions.sdk.harness import message_text, text_message
+from agentsessions.sdk.servicer import HarnessServicer, add_to_server
+from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc, session_pb2
+from tests.support.host import HostUnderTest, running_host, text_input
+
+CONNECT = "/agentsessions.v1.Harness/Connect"
+# A turn of this input adds ~8 KB to the history (its INPUT and its echoed OUTPUT).
+TEXT = "x" * 4000
+
+
+class HistoryHarness:
+    """Keeps every Start's history (serialized), asks the model once, and ends."""
+
+    def __init__(self) -> None:
+        self.histories: dict[str, list[bytes]] = {}
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return harness_pb2.HarnessDescriptor(
+            id="history",
+            version="1",
+            capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
+        )
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        self.histories[start.execution_id] = [event.SerializeToString() for event in start.history]
+        await sink.model(
+            common_pb2.ModelCall(model="echo", messages=[text_message("user", start.last_input_text())])
+        )
+
+
+class StartFrames(aio.ServerInterceptor):  # type: ignore[misc]
+    """Records each Connect call's first frame: (execution id, events in its Start.history, bytes)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, int]] = []
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if details.method != CONNECT:
+            return handler
+        first = True
+
+        def read(data: bytes) -> Any:
+            nonlocal first
+            if first:
+                first = False
+                frame = harness_pb2.ControllerFrame.FromString(data)
+                self.frames.append((frame.execution_id, len(frame.start.history), len(data)))
+            return handler.request_deserializer(data)
+
+        return grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, request_deserializer=read, response_serializer=handler.response_serializer
+        )
+
+
+@contextlib.asynccontextmanager
+async def harness_server(
+    address: str, harness: HistoryHarness, *, v1: bool = False, **options: Any
+) -> AsyncIterator[StartFrames]:
+    frames = StartFrames()
+    server = aio.server(interceptors=[frames])
+    servicer = HarnessServicer(harness, **options)
+    if v1:  # frames parsed whole, as a generated servicer registration does
+        harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
+    else:
+        add_to_server(servicer, server)
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        yield frames
+    finally:
+        await server.stop(None)
+
+
+async def turn(host: HostUnderTest, uid: str, text: str) -> str:
+    """One turn; its execution id."""
+    updates = await host.exec(session_pb2.ExecRequest(session=uid, inputs=[text_input(text)]))
+    (start,) = [u.record for u in updates if u.record.event.kind == common_pb2.EVENT_EXECUTION_START]
+    (output,) = [u.record for u in updates if u.record.event.kind == common_pb2.EVENT_OUTPUT]
+    assert message_text(output.event.message) == "echo:" + text
+    return start.event.execution_id
+
+
+async def journal_before(store: JournalStore, uid: str, execution_id: str) -> list[bytes]:
+    """The session's events before the execution's EXECUTION_START, serialized."""
+    events = [r.event for r in await store.read(uid)]
+    (first,) = [
+        i
+        for i, e in enumerate(events)
+        if e.kind == common_pb2.EVENT_EXECUTION_START and e.execution_id == execution_id
+    ]
+    return [e.SerializeToString() for e in events[:first]]
+
+
+async def new_session(host: HostUnderTest) -> str:
+    created = await host.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="history"))
+    )
+    return str(created.metadata.uid)
+
+
+async def test_starts_carry_only_new_events_and_the_harness_sees_the_whole_history(
+    store: JournalStore, tmp_path: Path
+) -> None:
+    address = f"unix:{tmp_path}/h.sock"
+    harness = HistoryHarness()
+    async with (
+        harness_server(address, harness) as frames,
+        running_host(store, remote={"history": address}) as host,
+    ):
+        uid = await new_session(host)
+        executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(30)]
+        for execution_id in executions:
+            assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
+    sent = {execution_id: (events, size) for execution_id, events, size in frames.frames}
+    assert len(frames.frames) == 30  # no Start was refused and sent again
+    assert 4 * 8_000 < HISTORY_BY_REFERENCE_MIN_BYTES < 10 * 8_000
+    turn_records = len(harness.histories[executions[1]])
+    # Short histories go whole; past the threshold each Start carries the previous turn's records.
+    for execution_id in executions[:4]:
+        assert sent[execution_id][0] == len(harness.histories[execution_id])
+    for execution_id in executions[11:]:
+        assert sent[execution_id][0] == turn_records
+    assert sent[executions[-1]][1] < 2 * sent[executions[11]][1]
+    assert len(harness.histories[executions[-1]]) == 29 * turn_records
+
+
+async def test_a_harness_that_dropped_the_history_gets_it_whole_again(
+    store: JournalStore, tmp_path: Path
+) -> None:
+    address = f"unix:{tmp_path}/h.sock"
+    harness = HistoryHarness()
+    big = "x" * 30_000  # a turn of this input leaves ~60 KB of history: two sessions' do not fit
+    async with (
+        harness_server(address, harness, held_history_bytes=100_000) as frames,
+        running_host(store, remote={"history": address}) as host,
+    ):
+        a, b = await new_session(host), await new_session(host)
+        await turn(host, a, big)
+        await turn(host, a, "small")  # the harness now holds a's history
+        await turn(host, b, big)
+        await turn(host, b, "small")  # holding b's too passes the budget: a's is dropped
+        last = await turn(host, a, "again")
+        assert harness.histories[last] == await journal_before(store, a, last)
+    attempts = [(events, size) for execution_id, events, size in frames.frames if execution_id == last]
+    # Sent by reference first, refused, then sent whole.
+    assert len(attempts) == 2 and attempts[0][0] < attempts[1][0] == len(harness.histories[last])
+
+
+async def test_a_restarted_harness_process_gets_the_whole_history(
+    store: JournalStore, tmp_path: Path
+) -> None:
+    address = f"unix:{tmp_path}/h.sock"
+    harness = HistoryHarness()
+    async with running_host(store, remote={"history": address}) as host:
+        async with harness_server(address, harness):
+            uid = await new_session(host)
+            for i in range(8):
+                await turn(host, uid, f"{TEXT} {i}")
+        async with harness_server(address, harness) as frames:
+            last = await turn(host, uid, "after the restart")
+        assert harness.histories[last] == await journal_before(store, uid, last)
+    ((_, events, _),) = frames.frames
+    assert events == len(harness.histories[last])
+
+
+async def test_a_v1_harness_always_gets_the_whole_history(store: JournalStore, tmp_path: Path) -> None:
+    address = f"unix:{tmp_path}/h.sock"
+    harness = HistoryHarness()
+    async with (
+        harness_server(address, harness, v1=True) as frames,
+        running_host(store, remote={"history": address}) as host,
+    ):
+        uid = await new_session(host)
+        executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(8)]
+        for execution_id in executions:
+            assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
+    assert [events for _, events, _ in frames.frames] == [len(harness.histories[e]) for e in executions]

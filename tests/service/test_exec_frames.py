@@ -1,0 +1,54 @@
+"""Exec's record frames, sent pre-encoded (``service.sessions.add_to_server``, what the test host
+and ``agentsessions serve`` use), are the stored records verbatim; the generated registration
+still serves every frame as a message."""
+
+from __future__ import annotations
+
+from grpc import aio
+
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.service.sessions import SessionsServicer
+from agentsessions.v1 import session_pb2, session_pb2_grpc
+from tests.support.host import running_host, text_input
+
+
+async def test_pre_encoded_records_are_the_stored_records(store: JournalStore) -> None:
+    async with running_host(store) as host:
+        created = await host.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo"))
+        )
+        uid = created.metadata.uid
+        for text in ("one", "two" * 1000):
+            updates = await host.exec(session_pb2.ExecRequest(session=uid, inputs=[text_input(text)]))
+            streamed = [u.record for u in updates if u.WhichOneof("update") == "record"]
+            stored = await store.read(uid, streamed[0].seq, streamed[-1].seq)
+            assert [r.SerializeToString() for r in streamed] == [r.SerializeToString() for r in stored]
+            assert len(streamed) == 5
+
+
+async def test_the_generated_registration_still_serves_messages(store: JournalStore) -> None:
+    async with running_host(store) as host:
+        server = aio.server()
+        servicer = SessionsServicer(host.controller)
+        session_pb2_grpc.add_SessionsServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = session_pb2_grpc.SessionsStub(channel)
+                created = await stub.CreateSession(
+                    session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo"))
+                )
+                request = session_pb2.ExecRequest(session=created.metadata.uid, inputs=[text_input("hi")])
+                updates = [u async for u in stub.Exec(request)]
+        finally:
+            await server.stop(None)
+    assert servicer.pre_encoded is False
+    # Session, EXECUTION_START, INPUT, MODEL_CALL, the done delta, OUTPUT, END.
+    assert [u.WhichOneof("update") for u in updates] == [
+        "session",
+        *["record"] * 3,
+        "delta",
+        "record",
+        "record",
+    ]
