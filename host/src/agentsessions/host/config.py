@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypedDict, cast
 
 from agentsessions.host import addresses
+from agentsessions.host import limits as host_limits
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
@@ -97,6 +98,10 @@ class HostConfig:
     otel_exporter: OtelExporter = "none"
     # The model provider's timeouts and retries (the block at the end of this module).
     model_transport: ModelTransportConfig = field(default_factory=lambda: ModelTransportConfig())
+    # Request, record and concurrency limits (agentsessions.host.limits).
+    limits: host_limits.Limits = field(default_factory=lambda: host_limits.DEFAULT_LIMITS)
+    # Serve a non-loopback --listen without --auth-tokens or mutual TLS (refused otherwise).
+    insecure_allow_unauthenticated: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -133,6 +138,9 @@ class HostConfig:
         self._check_tls()
         if self.auth_tokens is not None:
             check_auth_tokens(self.auth_tokens)
+        check_authenticated_listener(
+            self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
+        )
         if self.otel_exporter not in OTEL_EXPORTERS:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
@@ -241,7 +249,20 @@ class HostConfig:
             auth_tokens=pick("auth_tokens", "") or None,
             otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
             model_transport=ModelTransportConfig.from_sources(args, environ),
+            limits=_limits(args, environ),
+            insecure_allow_unauthenticated=_flag(
+                getattr(args, "insecure_allow_unauthenticated", None),
+                environ.get(ENV_PREFIX + "INSECURE_ALLOW_UNAUTHENTICATED"),
+                "INSECURE_ALLOW_UNAUTHENTICATED",
+            ),
         )
+
+
+def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits.Limits:
+    try:
+        return host_limits.Limits.from_sources(args, environ)
+    except host_limits.LimitsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_file(flag: str, path: str) -> None:
@@ -256,7 +277,7 @@ def _split(flags: Sequence[str], env_value: str | None, sep: str = ",") -> list[
     return [item.strip() for item in (env_value or "").split(sep) if item.strip()]
 
 
-def _flag(flag: bool | None, env_value: str | None) -> bool:
+def _flag(flag: bool | None, env_value: str | None, name: str = "PURGE_ON_DELETE") -> bool:
     if flag is not None:
         return flag
     if env_value is None or env_value == "":
@@ -265,7 +286,7 @@ def _flag(flag: bool | None, env_value: str | None) -> bool:
         return True
     if env_value.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{ENV_PREFIX}PURGE_ON_DELETE {env_value!r} is not a boolean (true/false)")
+    raise ConfigError(f"{ENV_PREFIX}{name} {env_value!r} is not a boolean (true/false)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -342,6 +363,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
     )
     add_security_arguments(parser)
+    host_limits.add_arguments(parser)
     parser.add_argument(
         "--otel-exporter",
         metavar="KIND",
@@ -371,6 +393,13 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"JSON or TOML file mapping bearer tokens and client certificate identities to principals, "
         f"projects and roles; without it every caller is trusted, so bind loopback "
         f"(env {env}AUTH_TOKENS; see docs/security.md)",
+    )
+    parser.add_argument(
+        "--insecure-allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help=f"serve a non-loopback --listen without --auth-tokens or mutual TLS, trusting every "
+        f"caller that reaches it (env {env}INSECURE_ALLOW_UNAUTHENTICATED; default: refuse to start)",
     )
 
 
@@ -441,6 +470,21 @@ def check_auth_tokens(path: str) -> None:
         load_principals(path)
     except AuthFileError as exc:
         raise ConfigError(f"--auth-tokens {exc}") from None
+
+
+def check_authenticated_listener(
+    listen: str, auth_tokens: str | None, tls_client_ca: str | None, insecure: bool
+) -> None:
+    """A listener others can reach authenticates its callers (tokens or mutual TLS), unless the
+    operator says, explicitly, that it must not."""
+    if addresses.is_loopback(listen) or auth_tokens is not None or tls_client_ca is not None or insecure:
+        return
+    raise ConfigError(
+        f"--listen {listen} is not a loopback address and no authentication is set: anyone who "
+        "reaches it could read, run and approve every session. Set --auth-tokens (or mutual TLS "
+        "with --tls-client-ca), bind a loopback address, or pass --insecure-allow-unauthenticated "
+        "to serve it anyway (docs/security.md)"
+    )
 
 
 def check_approval_policy(path: str) -> None:

@@ -90,10 +90,11 @@ async def serve(
             for listener in listeners:
                 await listener.start()
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
-            if config.auth_tokens is None and not is_loopback(config.listen):
+            if config.auth_tokens is None and config.tls_client_ca is None and not is_loopback(config.listen):
+                # Only with --insecure-allow-unauthenticated: the configuration refuses it otherwise.
                 log.warning(
-                    "no authentication: anyone who reaches this address can read, run and approve "
-                    "every session; bind loopback or set --auth-tokens (docs/security.md)",
+                    "no authentication (--insecure-allow-unauthenticated): anyone who reaches this "
+                    "address can read, run and approve every session (docs/security.md)",
                     extra=logs.fields(listen=config.listen),
                 )
             if on_serving is not None:

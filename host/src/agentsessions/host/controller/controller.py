@@ -32,6 +32,7 @@ from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.turns import ExecParams, Turn
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.v1 import common_pb2, session_pb2
 
@@ -53,8 +54,11 @@ class Controller:
         new_id: Callable[[], str] | None = None,
         approval_policy: ApprovalPolicy | None = None,
         access: SessionAccess | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.store = store
+        # Request, record and concurrency limits; the servicer checks requests against them too.
+        self.limits = limits or DEFAULT_LIMITS
         self.catalog = catalog
         self.purge_on_delete = purge_on_delete
         # Host decisions at approval gates (rules, session grants, expiry): approval_policy.py.
@@ -66,7 +70,7 @@ class Controller:
         self._core = Core(
             store=store,
             cache=cache,
-            writer=JournalWriter(store, cache),
+            writer=JournalWriter(store, cache, self.limits.max_record_bytes),
             catalog=catalog,
             sinks=SinkFactory(
                 model,
@@ -85,6 +89,8 @@ class Controller:
             default_project=default_project or "default",
             purge_on_delete=purge_on_delete,
             cancel_grace_s=cancel_grace_s,
+            limits=self.limits,
+            slots=ExecutionSlots(self.limits),
         )
 
     # -- sessions -----------------------------------------------------------------------------

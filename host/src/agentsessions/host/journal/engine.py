@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from agentsessions.host.journal import clamp_page_size, decode_page_token, encode_page_token, rules
+from agentsessions.host.journal import MAX_SEQ, clamp_page_size, decode_page_token, encode_page_token, rules
 from agentsessions.host.journal.dialect import Dialect, Transaction
 from agentsessions.host.journal.groupcommit import GroupCommit
 from agentsessions.host.journal.rules import AppendRequest, MintRequest, SessionHead
@@ -276,7 +276,9 @@ class DialectStore:
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
         self._check_open("read")
-        return await self._dialect.read(uid, max(1, from_seq), max(0, to_seq))
+        if from_seq > MAX_SEQ:
+            return []  # past any head a journal can reach (and past what SQL integers hold)
+        return await self._dialect.read(uid, max(1, from_seq), min(max(0, to_seq), MAX_SEQ))
 
     async def head(self, uid: str) -> Head:
         self._check_open("head")

@@ -24,6 +24,7 @@ from agentsessions.host.controller.errors import ControllerError, InvalidArgumen
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.journal.store import SessionRow, StoreError
+from agentsessions.host.limits import Limits
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
@@ -88,7 +89,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, call: CallContext
     ) -> session_pb2.Session:
-        requested = _requested_row(request.session)
+        requested = _requested_row(request.session, self.controller.limits)
         return session_proto(await self.controller.create_session(requested, call=call))
 
     @_unary
@@ -120,7 +121,9 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     async def Exec(
         self, request: session_pb2.ExecRequest, call: CallContext
     ) -> AsyncGenerator[session_pb2.ExecUpdate, None]:
-        async with self.controller.admit_exec(_exec_params(request), call=call) as turn:
+        async with self.controller.admit_exec(
+            _exec_params(request, self.controller.limits), call=call
+        ) as turn:
             yield session_pb2.ExecUpdate(session=session_proto(turn.view))
             async for update in turn.run():
                 if isinstance(update, common_pb2.LogRecord):
@@ -151,6 +154,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         if not request.HasField("approved"):
             raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
         v.bounded("reason", request.reason, v.MAX_VALUE)
+        if request.HasField("identity"):
+            v.identity("identity", request.identity, self.controller.limits.max_identity_bytes)
         decision = Decision(
             request.execution_id,
             request.tool_call_id,
@@ -193,7 +198,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         return session_pb2.ForkResponse(children=[session_proto(c) for c in children])
 
 
-def _requested_row(s: session_pb2.Session) -> SessionRow:
+def _requested_row(s: session_pb2.Session, limits: Limits) -> SessionRow:
     """What the caller may set on a new session, as a row without uid (the host assigns it)."""
     if s.metadata.uid:
         raise InvalidArgumentError("session.metadata.uid", "is assigned by the host; leave it empty")
@@ -211,7 +216,9 @@ def _requested_row(s: session_pb2.Session) -> SessionRow:
         labels=v.string_map("session.labels", s.labels),
         annotations=v.string_map("session.annotations", s.annotations),
         origin=_origin(s),
-        identity=s.identity if s.HasField("identity") else None,
+        identity=v.identity("session.identity", s.identity, limits.max_identity_bytes)
+        if s.HasField("identity")
+        else None,
     )
 
 
@@ -225,11 +232,11 @@ def _origin(s: session_pb2.Session) -> common_pb2.Origin | None:
     return s.origin
 
 
-def _exec_params(r: session_pb2.ExecRequest) -> ExecParams:
+def _exec_params(r: session_pb2.ExecRequest, limits: Limits) -> ExecParams:
     if r.session:
         v.session_uid("session", r.session)
     v.harness_name("harness", r.harness)
-    v.inputs("inputs", list(r.inputs))
+    v.inputs("inputs", list(r.inputs), limits.max_input_bytes)
     v.non_negative("resume_from_seq", r.resume_from_seq)
     v.non_negative("deadline_unix", r.deadline_unix)
     if len(r.config) > v.MAX_CONFIG_BYTES:

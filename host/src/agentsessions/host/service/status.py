@@ -24,6 +24,9 @@ _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (ce.HarnessUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (ce.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ce.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # A record a harness, model or tool produced mid-turn: a harness failure (spec 1.1 Exec 8).
+    (ce.UnrecordableError, grpc.StatusCode.INTERNAL),
     (ce.ExecutionCancelled, grpc.StatusCode.CANCELLED),
     (ce.ReplayDivergedError, grpc.StatusCode.INTERNAL),
     (ce.HarnessRunError, grpc.StatusCode.INTERNAL),
