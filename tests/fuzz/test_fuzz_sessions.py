@@ -10,6 +10,7 @@ traceback to its log for a bad request. The host keeps serving after every case.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ CALL_TIMEOUT_S = 20.0
 START_TIMEOUT_S = 60.0
 EXAMPLES = 120
 SESSIONS = session_pb2.DESCRIPTOR.services_by_name["Sessions"]
+NAMES_A_FIELD = re.compile(r"[A-Za-z_][\w.]*(\[[^\]]*\])*(\.[\w<> ]+(\[[^\]]*\])*)*(\.\.\.\(\d+ more levels\))?: \S")
 
 
 @dataclass
@@ -119,6 +121,10 @@ def _seed(channel: grpc.Channel) -> list[str]:
 
 
 def _call(host: Host, method: d.MethodDescriptor, request: bytes) -> grpc.StatusCode:
+    return _answer(host, method, request)[0]
+
+
+def _answer(host: Host, method: d.MethodDescriptor, request: bytes) -> tuple[grpc.StatusCode, str]:
     path = f"/{SESSIONS.full_name}/{method.name}"
     try:
         if method.server_streaming:
@@ -127,8 +133,8 @@ def _call(host: Host, method: d.MethodDescriptor, request: bytes) -> grpc.Status
         else:
             host.channel.unary_unary(path)(request, timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
+        return exc.code(), exc.details() or ""  # type: ignore[attr-defined]
+    return grpc.StatusCode.OK, ""
 
 
 @pytest.mark.parametrize("method", list(SESSIONS.methods), ids=lambda m: m.name)
@@ -142,10 +148,13 @@ def test_no_request_gets_an_undocumented_status(host: Host, method: d.MethodDesc
     )
     @given(request=wire(method.input_type, host.known))
     def case(request: bytes) -> None:
-        code = _call(host, method, request)
+        code, details = _answer(host, method, request)
         if code in FORBIDDEN:
             seen.setdefault(code.name, request)
         assert code not in FORBIDDEN, f"{method.name} answered {code.name} for {request!r}"
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            # "<field>: <rule>" (docs/errors.md): the message names what to fix.
+            assert NAMES_A_FIELD.match(details), f"{method.name}: {details!r} names no field"
 
     case()
     assert not host.tracebacks(before), f"{method.name}: the host logged tracebacks:\n" + "".join(

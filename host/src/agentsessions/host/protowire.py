@@ -83,7 +83,7 @@ def _render(path: list[str]) -> str:
 
 
 def _join(path: list[str]) -> str:
-    out = ""
+    out = "request" if path and path[0].startswith("[") else ""
     for segment in path:
         out += segment if segment.startswith("[") or not out else "." + segment
     return out
@@ -117,7 +117,7 @@ class _Walk:
                 raise _Broken(path, "field number 0 is not a valid tag")
             field = desc.fields_by_number.get(number)
             if field is None:
-                at = self.skip(wire, number, at, end, [*path, f"<field {number}>"], depth)
+                at = self.skip(wire, number, at, end, [*path, f"[field {number}]"], depth)
                 continue
             index = counts.get(number, 0)
             counts[number] = index + 1
