@@ -32,7 +32,9 @@ CALL_TIMEOUT_S = 20.0
 START_TIMEOUT_S = 60.0
 EXAMPLES = 120
 SESSIONS = session_pb2.DESCRIPTOR.services_by_name["Sessions"]
-NAMES_A_FIELD = re.compile(r"[A-Za-z_][\w.]*(\[[^\]]*\])*(\.[\w<> ]+(\[[^\]]*\])*)*(\.\.\.\(\d+ more levels\))?: \S")
+NAMES_A_FIELD = re.compile(
+    r"[A-Za-z_][\w.]*(\[[^\]]*\])*(\.[\w<> ]+(\[[^\]]*\])*)*(\.\.\.\(\d+ more levels\))?: \S"
+)
 
 
 @dataclass
@@ -133,7 +135,7 @@ def _answer(host: Host, method: d.MethodDescriptor, request: bytes) -> tuple[grp
         else:
             host.channel.unary_unary(path)(request, timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
-        return exc.code(), exc.details() or ""  # type: ignore[attr-defined]
+        return exc.code(), exc.details() or ""
     return grpc.StatusCode.OK, ""
 
 

@@ -28,6 +28,7 @@ from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.addresses import is_loopback
 from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
+from agentsessions.host.journalwatch import JournalWatch
 from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
@@ -85,10 +86,15 @@ async def serve(
     with signals.installed():
         app = await build_app(config)
         listeners: list[_Listener] = []
+        watch: asyncio.Task[None] | None = None
         try:
             listeners = _listeners(config, app)
             for listener in listeners:
                 await listener.start()
+            if app.controller is not None:
+                # NOT_SERVING while the journal takes no writes, probing until it does.
+                journal = JournalWatch(app.controller.store, [listener.health for listener in listeners])
+                watch = asyncio.create_task(journal.run(), name="journal-watch")
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
             if config.auth_tokens is None and config.tls_client_ca is None and not is_loopback(config.listen):
                 # Only with --insecure-allow-unauthenticated: the configuration refuses it otherwise.
@@ -103,6 +109,10 @@ async def serve(
             log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
             await _drain(listeners, config.drain_grace_seconds, signals.second)
         finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             # After a drain this is a no-op; after a failed start it releases the listeners that did start.
             await _stop_all(listeners, None)
             await app.close()

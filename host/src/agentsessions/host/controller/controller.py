@@ -31,7 +31,8 @@ from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.turns import ExecParams, Turn
 from agentsessions.host.controller.writer import JournalWriter
-from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.host.journal import encode_page_token
+from agentsessions.host.journal.store import JournalStore, JournalUnavailableError, SessionRow
 from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.v1 import common_pb2, session_pb2
@@ -113,6 +114,10 @@ class Controller:
     ) -> tuple[list[SessionView], str]:
         return await sessions.page(self._core, call, project, page_size, token)
 
+    def page_token_after(self, view: SessionView) -> str:
+        """The ListSessions token of the page that continues after ``view`` (a page cut short)."""
+        return encode_page_token(view.row.create_time_ns, view.row.uid)
+
     async def delete_session(self, uid: str, *, call: CallContext = ANONYMOUS) -> SessionView:
         if uid in self._core.driver.running:
             # A running turn is cancelled first (END{CANCELED} and the CANCEL marker are journaled);
@@ -126,6 +131,9 @@ class Controller:
     async def admit_exec(self, p: ExecParams, *, call: CallContext = ANONYMOUS) -> AsyncIterator[Turn]:
         """Route an Exec; errors raised here precede any frame. The session is guarded while the
         returned turn is alive."""
+        if self.store.health.failure is not None:
+            # Nothing could be journaled: refuse before the first frame, not after it.
+            raise JournalUnavailableError(self.store.health.failure)
         async with turns.admit(self._core, call, p) as turn:
             yield turn
 

@@ -17,7 +17,7 @@ from agentsessions.host.controller.errors import (
     InvalidExecutionLogError,
 )
 from agentsessions.host.controller.executions import Execution
-from agentsessions.host.controller.state import SessionView, derive_view
+from agentsessions.host.controller.state import SessionView, derive_view, projected_view
 from agentsessions.host.journal.store import (
     COMPUTE_NONE,
     InvalidPageTokenError,
@@ -62,9 +62,14 @@ async def read(core: Core, session: SessionRow) -> Journal:
 
 
 async def view(core: Core, session: SessionRow, journal: Journal | None = None) -> SessionView:
-    """The row's derived view; ``journal`` is the session as the caller has just read it."""
+    """The row's derived view; ``journal`` is the session as the caller has just read it. Without
+    one, the execution state the row projects is used, and the journal is read only for a row
+    whose projection is missing or could not be kept (``journal.execstate``)."""
     if session.last_seq == 0:
         return SessionView(session, session_pb2.EXEC_PENDING)
+    projection = session.exec_projection
+    if journal is None and projection is not None and not projection.unknown:
+        return projected_view(session, projection, running_here=session.uid in core.driver.running)
     try:
         events, executions = journal if journal is not None else await read(core, session)
     except InvalidExecutionLogError:

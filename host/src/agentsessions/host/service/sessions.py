@@ -20,11 +20,11 @@ from agentsessions.host import callcontext
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.controller import Controller
-from agentsessions.host.controller.errors import ControllerError, InvalidArgumentError
+from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.turns import ExecParams
-from agentsessions.host.journal.store import SessionRow, StoreError
-from agentsessions.host.limits import Limits
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.host.limits import MAX_READABLE_BYTES, Limits
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
@@ -42,7 +42,6 @@ async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Servicer = TypeVar("Servicer")
-_DOMAIN_ERRORS = (ControllerError, StoreError)
 
 
 def _unary(
@@ -54,7 +53,9 @@ def _unary(
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
         try:
             return await method(self, request, callcontext.current())
-        except _DOMAIN_ERRORS as exc:
+        except aio.AbortError:
+            raise
+        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
             await _abort(context, exc)
 
     return handler
@@ -73,7 +74,9 @@ def _streaming(
             async with contextlib.aclosing(method(self, request, callcontext.current())) as items:
                 async for item in items:
                     yield item
-        except _DOMAIN_ERRORS as exc:
+        except aio.AbortError:
+            raise
+        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
             await _abort(context, exc)
 
     return handler
@@ -106,9 +109,17 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         views, token = await self.controller.list_sessions(
             project, request.page_size, request.page_token, call=call
         )
-        return session_pb2.ListSessionsResponse(
-            sessions=[session_proto(x) for x in views], next_page_token=token
-        )
+        page = session_pb2.ListSessionsResponse(next_page_token=token)
+        size = 0
+        for i, view in enumerate(views):
+            session = session_proto(view)
+            size += session.ByteSize() + 8  # the field's tag and length
+            if i > 0 and size > MAX_READABLE_BYTES:
+                # Cut short so a client on gRPC's default 4 MiB limit reads every page.
+                page.next_page_token = self.controller.page_token_after(views[i - 1])
+                break
+            page.sessions.append(session)
+        return page
 
     @_unary
     async def DeleteSession(

@@ -14,6 +14,7 @@ log = logging.getLogger("agentsessions.service")
 # Checked in order: subclasses before their bases.
 _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (js.JournalUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (js.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
     (ce.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (ce.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
