@@ -15,6 +15,7 @@ from agentsessions.host.controller.errors import (
     ControllerError,
     InvalidArgumentError,
     InvalidExecutionLogError,
+    PermissionDeniedError,
 )
 from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.state import SessionView, derive_view, projected_view
@@ -35,24 +36,30 @@ def new_session_uid() -> str:
 
 
 async def row(core: Core, call: CallContext, uid: str) -> SessionRow:
-    """The session's row; SessionNotFoundError, or an access refusal for the caller."""
+    """The session's row; SessionNotFoundError, also for a session in a project the caller may
+    not use: to such a caller it answers exactly as an unknown uid does, so neither its existence
+    nor its project leaks (UnauthenticatedError still comes first)."""
     core.access.check_caller(call)
     found = await core.store.get_session(uid)
-    if found is None:
+    if found is None or not _may_see(core, call, found.project):
         raise SessionNotFoundError(f"session {uid!r} not found")
-    core.access.check_project(call, found.project)
     return found
 
 
 async def visible(core: Core, call: CallContext, uid: str) -> bool:
-    """Whether ``uid``'s records may be streamed. A session without a visible row (unknown, or
-    deleted with its rows kept for audit) has no records to show (False); one in a project the
-    caller may not use is refused."""
+    """Whether ``uid``'s records may be streamed. A session without a visible row (unknown,
+    deleted with its rows kept for audit, or in a project the caller may not use) has no records
+    to show (False)."""
     core.access.check_caller(call)
     found = await core.store.get_session(uid)
-    if found is None:
+    return found is not None and _may_see(core, call, found.project)
+
+
+def _may_see(core: Core, call: CallContext, project: str) -> bool:
+    try:
+        core.access.check_project(call, project)
+    except PermissionDeniedError:
         return False
-    core.access.check_project(call, found.project)
     return True
 
 
