@@ -194,7 +194,7 @@ async def test_nan_in_a_reported_tool_result_fails_the_turn_cleanly(
     records = await host.store.read(uid)
     assert kinds(records) == ["EXECUTION_START", "INPUT", "ERROR"], "the TOOL_RESULT was not journaled"
     description = records[-1].event.error.description
-    assert "a TOOL_RESULT record cannot be journaled: result.output.score: " in description
+    assert "TOOL_RESULT record cannot be journaled: result.output.score: " in description
     assert description.endswith("is not a JSON number (the journal hashes JSON)")
 
 

@@ -63,13 +63,13 @@ class JournalWriter:
         size = event.ByteSize()
         if size > self._max_record_bytes:
             raise RecordTooLargeError(
-                f"a {_kind(event)} record of {size} bytes exceeds the record size limit "
+                f"{_kind(event)} record of {size} bytes exceeds the record size limit "
                 f"(--max-record-bytes {self._max_record_bytes}); it was not journaled"
             )
         found = recordable.fault(event)
         if found is not None:
             raise UnrecordableError(
-                f"a {_kind(event)} record cannot be journaled: {found.path}: {found.rule}"
+                f"{_kind(event)} record cannot be journaled: {found.path}: {found.rule}"
             )
 
     async def mint(self, uid: str, head: int) -> int:
