@@ -33,7 +33,7 @@ START_TIMEOUT_S = 60.0
 EXAMPLES = 120
 SESSIONS = session_pb2.DESCRIPTOR.services_by_name["Sessions"]
 NAMES_A_FIELD = re.compile(
-    r"[A-Za-z_][\w.]*(\[[^\]]*\])*(\.[\w<> ]+(\[[^\]]*\])*)*(\.\.\.\(\d+ more levels\))?: \S"
+    r"[A-Za-z_][\w.]*(\[[^\]]*\])*(\.[\w<> ]+(\[[^\]]*\])*)*(\.\.\.\(\d+ more fields\))?: \S"
 )
 
 

@@ -42,7 +42,7 @@ async def host(gate: GateHarness) -> AsyncIterator[HostUnderTest]:
 async def _refusal(call: object) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         if hasattr(call, "__aiter__"):
-            async for _ in call:  # type: ignore[attr-defined]
+            async for _ in call:
                 raise AssertionError("a frame before the refusal")
         else:
             await call  # type: ignore[misc]

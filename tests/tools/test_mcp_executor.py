@@ -69,7 +69,7 @@ def texts(result: common_pb2.ToolResult) -> list[str]:
 
 async def test_lists_the_servers_tools_with_schemas(executor: McpExecutor) -> None:
     specs = {spec.name: spec for spec in executor.tools()}
-    assert set(specs) == {"add", "shout", "pixel", "fail", "append_marker"}
+    assert set(specs) == {"add", "shout", "pixel", "fail", "append_marker", "whisper"}
     assert specs["add"].description == "Add two integers."
     schema = specs["add"].input_schema
     assert schema["type"] == "object"

@@ -78,7 +78,8 @@ def explain(descriptor: d.Descriptor, data: bytes, parser_error: str) -> Fault:
 def _render(path: list[str]) -> str:
     if len(path) > _SHOWN_SEGMENTS * 2:
         shown = path[:_SHOWN_SEGMENTS]
-        return _join(shown) + f"...({len(path) - _SHOWN_SEGMENTS} more levels)"
+        hidden = sum(1 for segment in path[_SHOWN_SEGMENTS:] if not segment.startswith("["))
+        return _join(shown) + f"...({hidden} more fields)"
     return _join(path)
 
 

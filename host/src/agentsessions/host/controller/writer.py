@@ -68,9 +68,7 @@ class JournalWriter:
             )
         found = recordable.fault(event)
         if found is not None:
-            raise UnrecordableError(
-                f"{_kind(event)} record cannot be journaled: {found.path}: {found.rule}"
-            )
+            raise UnrecordableError(f"{_kind(event)} record cannot be journaled: {found.path}: {found.rule}")
 
     async def mint(self, uid: str, head: int) -> int:
         """A new fence for this incarnation, minted only while the journal head is ``head``:

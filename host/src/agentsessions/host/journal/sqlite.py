@@ -1,8 +1,9 @@
 """SQLite journal store: the embedded default, a dialect of ``engine.DialectStore``.
 
-Three connections, each used only on a thread of its own: the writer, a reader for ordinary
-reads and a scanner for ``verify`` (one consistent snapshot per verify, without holding up the
-reader), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
+Four connections, each used only on a thread of its own: the writer, a reader for row lookups
+and pages of sessions, a records reader for ranges of records (so a long Replay never holds up a
+ListSessions), and a scanner for ``verify`` (one consistent snapshot per verify, without holding up
+the readers), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
 transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
 batch of appends, across sessions, durable, and the event loop hands off once per batch.
 
@@ -633,10 +634,15 @@ class _SqliteDialect:
     immediate: Final = False
     max_in_flight: Final = 1
 
-    def __init__(self, path: str, writer: _Connection, reader: _Connection, scanner: _Connection) -> None:
+    def __init__(
+        self, path: str, writer: _Connection, reader: _Connection, records: _Connection, scanner: _Connection
+    ) -> None:
         self.path = path
         self.writer = writer
         self._reader = reader
+        # Ranges of records (Replay pages, a journal read whole) on a thread of their own, so row
+        # lookups and session pages never wait behind a long read.
+        self._records = records
         self._scanner = scanner
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
@@ -655,9 +661,11 @@ class _SqliteDialect:
             return BatchFailure(StoreError, f"journal write failed: {exc}")
         return BatchFailure(StoreError, f"journal write failed: {exc!r}")
 
-    async def _read(self, what: str, work: Callable[..., _T], *args: Any) -> _T:
+    async def _read(
+        self, what: str, work: Callable[..., _T], *args: Any, on: _Connection | None = None
+    ) -> _T:
         try:
-            return await self._reader.run(work, *args)
+            return await (on or self._reader).run(work, *args)
         except sqlite3.Error as exc:
             if _storage_refused(exc):
                 raise JournalUnavailableError(f"journal not readable: {what}: {exc} ({self.path})") from exc
@@ -670,7 +678,7 @@ class _SqliteDialect:
         return await self._read("list sessions", _list_rows, project, after, limit)
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
-        return await self._read("read", _read, uid, from_seq, to_seq)
+        return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
 
     async def anchor(self, uid: str) -> tuple[int, str] | None:
         return await self._read("head", _anchor, uid)
@@ -720,7 +728,7 @@ class _SqliteDialect:
         return int(rows[0][0])
 
     async def close(self) -> None:
-        for connection in (self.writer, self._reader, self._scanner):
+        for connection in (self.writer, self._reader, self._records, self._scanner):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
 
@@ -758,7 +766,7 @@ class SqliteStore(DialectStore):
             writer = await _Connection.open(where, busy_timeout_ms, "writer")
             opened.append(writer)
             await writer.run(_prepare, where, mode)
-            for role in ("reader", "scanner"):
+            for role in ("reader", "records", "scanner"):
                 connection = await _Connection.open(where, busy_timeout_ms, role)
                 opened.append(connection)
                 await connection.run(_fetch_all, "PRAGMA query_only = ON", ())
