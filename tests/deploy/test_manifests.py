@@ -160,7 +160,9 @@ def test_the_image_refuses_to_trust_every_caller_by_itself(tmp_path: Path) -> No
     assert env["AGENTSESSIONS_LISTEN"] == "0.0.0.0:50051"
     with pytest.raises(ConfigError, match="--insecure-allow-unauthenticated"):
         _host_config(["serve"], env, tmp_path)
-    assert _host_config(["serve", "--insecure-allow-unauthenticated"], env, tmp_path).listen == "0.0.0.0:50051"
+    assert (
+        _host_config(["serve", "--insecure-allow-unauthenticated"], env, tmp_path).listen == "0.0.0.0:50051"
+    )
 
 
 def test_the_dockerfile_health_check_is_the_health_command() -> None:

@@ -171,16 +171,22 @@ def test_a_listener_others_can_reach_needs_authentication(listen: str, tmp_path:
     assert "--insecure-allow-unauthenticated" in str(refused.value)
     # Tokens, mutual TLS, or an explicit opt-out each let it start.
     tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"tokens": {"t" * 24: {"principal": "p", "projects": "*", "roles": ["admin"]}}}))
+    tokens.write_text(
+        json.dumps({"tokens": {"t" * 24: {"principal": "p", "projects": "*", "roles": ["admin"]}}})
+    )
     assert resolve(["--listen", listen, "--auth-tokens", str(tokens)]).listen == listen
     pem = tmp_path / "x.pem"
     pem.write_text("not checked until the listener starts")
     mutual = ["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca", str(pem)]
     assert resolve(["--listen", listen, *mutual]).listen == listen
     assert resolve(["--listen", listen, "--insecure-allow-unauthenticated"]).insecure_allow_unauthenticated
-    by_env = resolve([], {"AGENTSESSIONS_LISTEN": listen, "AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED": "true"})
+    by_env = resolve(
+        [], {"AGENTSESSIONS_LISTEN": listen, "AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED": "true"}
+    )
     assert by_env.listen == listen
-    with pytest.raises(ConfigError, match="AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED 'maybe' is not a boolean"):
+    with pytest.raises(
+        ConfigError, match="AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED 'maybe' is not a boolean"
+    ):
         resolve([], {"AGENTSESSIONS_LISTEN": listen, "AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED": "maybe"})
 
 

@@ -133,8 +133,7 @@ async def test_a_model_answer_over_the_record_limit_fails_the_turn() -> None:
             code, details = exc.code(), exc.details() or ""
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert (
-            "OUTPUT record of 8236 bytes exceeds the record size limit (--max-record-bytes 8192)"
-            in details
+            "OUTPUT record of 8236 bytes exceeds the record size limit (--max-record-bytes 8192)" in details
         )
         uid = frames[0].session.metadata.uid
         records = await host.store.read(uid)
