@@ -84,6 +84,8 @@ class HostConfig:
     purge_on_delete: bool = False
     # Host decisions at approval gates: rules, session grants, expiry (docs/approvals.md).
     approval_policy: str | None = None
+    # Request, record and concurrency limits (agentsessions.host.limits).
+    limits: host_limits.Limits = field(default_factory=lambda: host_limits.DEFAULT_LIMITS)
     # TLS on the Sessions and registry listeners; a client CA makes it mutual TLS (docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -94,14 +96,12 @@ class HostConfig:
     harness_tls_key: str | None = None
     # Tokens and certificate identities -> principals (agentsessions.host.auth); None: no authentication.
     auth_tokens: str | None = None
+    # Serve a non-loopback --listen without --auth-tokens or mutual TLS (refused otherwise).
+    insecure_allow_unauthenticated: bool = False
     # Where traces and metrics go (agentsessions.host.telemetry).
     otel_exporter: OtelExporter = "none"
     # The model provider's timeouts and retries (the block at the end of this module).
     model_transport: ModelTransportConfig = field(default_factory=lambda: ModelTransportConfig())
-    # Request, record and concurrency limits (agentsessions.host.limits).
-    limits: host_limits.Limits = field(default_factory=lambda: host_limits.DEFAULT_LIMITS)
-    # Serve a non-loopback --listen without --auth-tokens or mutual TLS (refused otherwise).
-    insecure_allow_unauthenticated: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -240,6 +240,7 @@ class HostConfig:
             approval_policy=getattr(args, "approval_policy", None)
             or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
             or None,
+            limits=_limits(args, environ),
             tls_cert=pick("tls_cert", "") or None,
             tls_key=pick("tls_key", "") or None,
             tls_client_ca=pick("tls_client_ca", "") or None,
@@ -247,14 +248,13 @@ class HostConfig:
             harness_tls_cert=pick("harness_tls_cert", "") or None,
             harness_tls_key=pick("harness_tls_key", "") or None,
             auth_tokens=pick("auth_tokens", "") or None,
-            otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
-            model_transport=ModelTransportConfig.from_sources(args, environ),
-            limits=_limits(args, environ),
             insecure_allow_unauthenticated=_flag(
                 getattr(args, "insecure_allow_unauthenticated", None),
                 environ.get(ENV_PREFIX + "INSECURE_ALLOW_UNAUTHENTICATED"),
                 "INSECURE_ALLOW_UNAUTHENTICATED",
             ),
+            otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
+            model_transport=ModelTransportConfig.from_sources(args, environ),
         )
 
 
@@ -362,8 +362,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"JSON or TOML approval policy: per-project rules, session grants, expiry "
         f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
     )
-    add_security_arguments(parser)
     host_limits.add_arguments(parser)
+    add_security_arguments(parser)
     parser.add_argument(
         "--otel-exporter",
         metavar="KIND",

@@ -86,15 +86,11 @@ async def serve(
     with signals.installed():
         app = await build_app(config)
         listeners: list[_Listener] = []
-        watch: asyncio.Task[None] | None = None
         try:
             listeners = _listeners(config, app)
             for listener in listeners:
                 await listener.start()
-            if app.controller is not None:
-                # NOT_SERVING while the journal takes no writes, probing until it does.
-                journal = JournalWatch(app.controller.store, [listener.health for listener in listeners])
-                watch = asyncio.create_task(journal.run(), name="journal-watch")
+            _watch_journal(app, [listener.health for listener in listeners])
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
             if config.auth_tokens is None and config.tls_client_ca is None and not is_loopback(config.listen):
                 # Only with --insecure-allow-unauthenticated: the configuration refuses it otherwise.
@@ -109,15 +105,26 @@ async def serve(
             log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
             await _drain(listeners, config.drain_grace_seconds, signals.second)
         finally:
-            if watch is not None:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
             # After a drain this is a no-op; after a failed start it releases the listeners that did start.
             await _stop_all(listeners, None)
             await app.close()
     log.info("stopped")
     return 0
+
+
+def _watch_journal(app: App, healths: Sequence[health.HealthServicer]) -> None:
+    """NOT_SERVING while the journal takes no writes, probing until it does (journalwatch); the
+    watch ends when the app closes."""
+    if app.controller is None:
+        return
+    task = asyncio.create_task(JournalWatch(app.controller.store, healths).run(), name="journal-watch")
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.on_close(stop)
 
 
 def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Listener]) -> dict[str, Any]:
