@@ -8,6 +8,7 @@ with an ERROR record that says why (never an empty description), and the session
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncIterator, Callable
 
@@ -132,6 +133,43 @@ async def test_an_undecodable_connect_frame_records_an_error_saying_why(
     assert await host.store.verify(uid) == len(await host.store.read(uid))
 
 
+class AfterTheHarnessReturned:
+    """Echoes, once the harness's Connect handler has returned: the reply then goes to a stream
+    that is over."""
+
+    def __init__(self, wire: WireHarness) -> None:
+        self.wire = wire
+
+    async def complete(self, call: common_pb2.ModelCall, on_delta: object = None) -> harness_pb2.ModelResult:
+        async with asyncio.timeout(30):
+            await self.wire.returned.wait()
+        text = common_pb2.Part(text=common_pb2.TextPart(text="late"))
+        return harness_pb2.ModelResult(message=common_pb2.Message(role="assistant", parts=[text]))
+
+
+async def test_a_harness_that_returns_before_its_reply_fails_the_turn_saying_so() -> None:
+    wire = WireHarness(
+        _frames(common_pb2.Event(kind=K.EVENT_MODEL_CALL, model=common_pb2.ModelCall(model="m")))
+    )
+    async with (
+        wire_harness(wire) as address,
+        running_host(MemoryStore(), remote={"wire": address}, model=AfterTheHarnessReturned(wire)) as host,
+    ):
+        uid = await _session(host)
+        _, code, details = await _exec(host, uid)
+        records = await host.store.read(uid)
+        if code == grpc.StatusCode.OK:
+            # The reply was written before the stream's end reached the host: EOF without END
+            # then reads as completed, as the reference host treats it.
+            assert kinds(records)[-1] == "END"
+            return
+        assert code == grpc.StatusCode.INTERNAL
+        assert "ended the stream mid-turn, while the host was sending it a frame" in details
+        description = records[-1].event.error.description
+        assert kinds(records)[-1] == "ERROR" and "mid-turn" in description
+        assert "with OK" not in description
+
+
 def test_a_stream_closed_mid_turn_says_so() -> None:
     # The link's wording when a write finds the harness's stream already ended with OK.
     error = harnesslink._status_error(grpc.StatusCode.OK, "", "127.0.0.1:1")
@@ -142,6 +180,13 @@ def test_a_stream_closed_mid_turn_says_so() -> None:
     assert "with OK" not in str(error)
     failed = harnesslink._status_error(grpc.StatusCode.ABORTED, "", "127.0.0.1:1")
     assert str(failed) == "harness at 127.0.0.1:1 ended the stream with ABORTED: no details"
+    writing = harnesslink._status_error(
+        grpc.StatusCode.INTERNAL, "Internal error from Core", "h:1", writing=True
+    )
+    assert str(writing) == (
+        "harness at h:1 ended the stream mid-turn, while the host was sending it a frame "
+        "(INTERNAL: Internal error from Core)"
+    )
 
 
 async def test_negative_token_counts_are_refused(host: HostUnderTest, wire: WireHarness) -> None:

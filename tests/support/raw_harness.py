@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
@@ -77,6 +78,8 @@ class WireHarness:
         self.script = script
         self.describe = describe
         self.starts: list[bytes] = []
+        # Set each time a Connect stream's handler has returned (its frames all sent).
+        self.returned = asyncio.Event()
 
     async def _describe(self, request: bytes, context: aio.ServicerContext) -> bytes:
         return self.describe
@@ -86,8 +89,11 @@ class WireHarness:
     ) -> AsyncIterator[bytes]:
         start = await anext(aiter(requests))
         self.starts.append(start)
-        for frame in self.script(start):
-            yield frame
+        try:
+            for frame in self.script(start):
+                yield frame
+        finally:
+            self.returned.set()
 
     def handler(self) -> grpc.GenericRpcHandler:
         service = harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name

@@ -485,12 +485,14 @@ class _Bridge:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 ) from None
             except grpc.aio.AioRpcError as exc:
-                raise _stream_error(exc, self._link.address) from exc
+                raise _status_error(
+                    exc.code(), exc.details() or "", self._link.address, writing=True
+                ) from exc
             except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
                 # The stream already finished; its status says why.
                 code = await call.code()
                 details = await call.details()
-                raise _status_error(code, details, self._link.address) from exc
+                raise _status_error(code, details, self._link.address, writing=True) from exc
 
     async def _receive(self, bound: float | None, what: str) -> common_pb2.Event | None:
         call = self._call
@@ -600,13 +602,21 @@ def _stream_error(exc: grpc.aio.AioRpcError, address: str) -> HarnessLinkError |
 
 
 def _status_error(
-    code: grpc.StatusCode, details: str, address: str
+    code: grpc.StatusCode, details: str, address: str, *, writing: bool = False
 ) -> HarnessLinkError | HarnessUnavailableError:
     if code == grpc.StatusCode.OK:
         # The harness returned while the host still had frames for it (a reply, a cancel).
         message = f"harness at {address} closed the stream mid-turn, before the host's reply was delivered"
         return HarnessProtocolError(message)
-    message = f"harness at {address} ended the stream with {code.name}: {details or 'no details'}"
+    status = f"{code.name}: {details or 'no details'}"
+    if writing:
+        # gRPC reports a write to a stream the harness already ended with a status of its own.
+        message = (
+            f"harness at {address} ended the stream mid-turn, "
+            f"while the host was sending it a frame ({status})"
+        )
+    else:
+        message = f"harness at {address} ended the stream with {status}"
     if code in _UNAVAILABLE:
         return HarnessUnavailableError(message, code)
     return HarnessFailedError(message, code, description=details)
