@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentsessions.host.journal import open_store
 from agentsessions.v1 import common_pb2, session_pb2
+from tests.approvals.raw_peer import Conversation, raw_peer
 from tests.support.host import text_input
 from tests.support.host_process import HostProcess
 
@@ -216,3 +217,66 @@ async def test_a_postgres_journal_whose_role_loses_write_privilege(pg_url: str, 
             await admin.execute(f"DROP ROLE {role}")
         finally:
             await admin.close()
+
+
+async def test_a_turn_cut_short_by_the_outage_is_completed_by_resume(
+    sqlite_host: tuple[HostProcess, Path],
+) -> None:
+    """The journal turns unwritable between a turn's first records and its model call: the call
+    is never made (intent comes first), the turn is left interrupted, and Resume completes it once
+    the journal takes writes again, with exactly one model call."""
+    host, journal = sqlite_host
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def script(conversation: Conversation) -> None:
+        entered.set()
+        await asyncio.wait_for(release.wait(), WAIT_S)
+        ask = common_pb2.ModelCall(
+            model="echo",
+            messages=[
+                common_pb2.Message(role="user", parts=[common_pb2.Part(text=common_pb2.TextPart(text="hi"))])
+            ],
+        )
+        conversation.send(common_pb2.Event(kind=common_pb2.EVENT_MODEL_CALL, model=ask))
+        if await conversation.recv() is None:
+            return  # the host ended the stream: the turn stops here
+        conversation.send(
+            common_pb2.Event(kind=common_pb2.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED"))
+        )
+
+    async with raw_peer(script) as (address, _):
+        await host.stop()
+        host.args = ["--harness", f"gated={address}"]
+        await host.start()
+        created = await host.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="gated")), timeout=WAIT_S
+        )
+        uid = created.metadata.uid
+        turn = asyncio.create_task(_turn(host, uid))
+        await asyncio.wait_for(entered.wait(), WAIT_S)
+        async with grpc.aio.insecure_channel(host.address) as channel:
+            health = HealthWatch(channel)
+            try:
+                with immutable([journal, journal.with_name("journal.db-wal")]):
+                    release.set()
+                    _, code, details = await turn
+                    assert code == grpc.StatusCode.UNAVAILABLE, details
+                    assert "journal not writable" in details
+                    kinds = [
+                        common_pb2.EventKind.Name(r.event.kind)
+                        async for r in host.sessions.Replay(
+                            session_pb2.ReplayRequest(session=uid), timeout=WAIT_S
+                        )
+                    ]
+                    assert kinds == ["EVENT_EXECUTION_START", "EVENT_INPUT"], "no MODEL_CALL: no model call"
+                await health.until(SERVING)
+            finally:
+                health.cancel()
+        resumed = await host.sessions.Resume(session_pb2.ResumeRequest(session=uid), timeout=WAIT_S)
+        assert resumed.exec_state == session_pb2.EXEC_COMPLETED
+        records = [
+            r async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid), timeout=WAIT_S)
+        ]
+        kinds = [common_pb2.EventKind.Name(r.event.kind) for r in records]
+        assert kinds.count("EVENT_MODEL_CALL") == 1 and kinds.count("EVENT_OUTPUT") == 1
+        assert "EVENT_END" in kinds
