@@ -158,11 +158,30 @@ def _sealed(p: ExecProjection) -> ExecProjection:
     return replace(p, encoded=_encode(p))
 
 
+# Decoded projections by their text: a listing reads the same rows again and again, and a row's
+# projection changes only at a turn's edges. Bounded; the oldest half is dropped when it fills.
+_DECODED: dict[str, ExecProjection] = {}
+_DECODED_MAX: Final = 8192
+
+
 def decode(text: str | None) -> ExecProjection | None:
     """A projection from its column text; None for a row that has none (or one this host does
     not read), whose state is then derived from the journal."""
     if not text:
         return None
+    known = _DECODED.get(text)
+    if known is not None:
+        return known
+    found = _decode(text)
+    if found is not None:
+        if len(_DECODED) >= _DECODED_MAX:
+            for stale in list(_DECODED)[: _DECODED_MAX // 2]:
+                _DECODED.pop(stale, None)  # another reader thread may have dropped it
+        _DECODED[text] = found
+    return found
+
+
+def _decode(text: str) -> ExecProjection | None:
     try:
         body = json.loads(text)
         if body.get("v") != _VERSION:

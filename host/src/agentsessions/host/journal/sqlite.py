@@ -241,6 +241,10 @@ def _head_projection(text: str | None) -> ExecProjection:
     return UNKNOWN_EXEC if found is None else found
 
 
+def _json_object(text: str) -> dict[str, str]:
+    return {} if text == "{}" else dict(json.loads(text))  # most sessions carry no labels
+
+
 def _row_from(rec: Sequence[Any]) -> SessionRow:
     return SessionRow(
         uid=rec[0],
@@ -248,8 +252,8 @@ def _row_from(rec: Sequence[Any]) -> SessionRow:
         name=rec[2],
         harness=rec[3],
         model=rec[4],
-        labels=json.loads(rec[5]),
-        annotations=json.loads(rec[6]),
+        labels=_json_object(rec[5]),
+        annotations=_json_object(rec[6]),
         origin=None if rec[7] is None else common_pb2.Origin.FromString(rec[7]),
         identity=None if rec[8] is None else common_pb2.IdentityRef.FromString(rec[8]),
         parent_uid=rec[9],
