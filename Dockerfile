@@ -2,7 +2,13 @@
 # the /var/lib/agentsessions volume, run as an unprivileged user, health-checked over grpc.health.v1.
 #
 #   docker build -t agentsessions .                       # python:3.11-slim, packages from PyPI
-#   docker run -p 50051:50051 -v agentsessions:/var/lib/agentsessions agentsessions
+#   docker run -p 50051:50051 -v agentsessions:/var/lib/agentsessions -v ./tokens.json:/etc/agentsessions/tokens.json \
+#     agentsessions serve --auth-tokens /etc/agentsessions/tokens.json
+#   docker run -p 127.0.0.1:50051:50051 agentsessions serve --insecure-allow-unauthenticated   # a local trial
+#
+# 0.0.0.0 is not loopback, so `serve` refuses to start without --auth-tokens (or mutual TLS) unless it
+# is given --insecure-allow-unauthenticated (or AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED=true):
+# the image never trusts every caller on its own.
 #
 # Offline (no index reachable from the build): put every wheel in deploy/wheels/ first
 # (scripts/container-wheels.sh) and build with --build-arg PIP_INSTALL_ARGS="--no-index" and

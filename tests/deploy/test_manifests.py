@@ -22,7 +22,7 @@ import yaml
 
 from agentsessions.host.auth.principals import load_principals
 from agentsessions.host.cli import build_parser
-from agentsessions.host.config import HostConfig
+from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.service import sessions
 from agentsessions.sdk.cli import build_parser as harness_parser
 
@@ -40,6 +40,14 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 def deployments() -> list[tuple[str, dict[str, Any]]]:
     return [(p.name, d) for p in MANIFESTS for d in documents(p) if d["kind"] == "Deployment"]
+
+
+def image_env() -> dict[str, str]:
+    """The ``ENV`` the Dockerfile sets in the image (every container here runs it)."""
+    text = (ROOT / "Dockerfile").read_text()
+    block = re.search(r"^ENV ((?:.*\\\n)*.*)$", text, re.M)
+    assert block, "no ENV in the Dockerfile"
+    return dict(re.findall(r"(\w+)=(\S+)", block.group(1)))
 
 
 def secret_values() -> dict[tuple[str, str], str]:
@@ -132,8 +140,11 @@ def test_the_compose_services_commands_are_accepted(tmp_path: Path) -> None:
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     assert set(services) == {"postgres", "harness", "host"}
     host = services["host"]
-    env = {k: str(v) for k, v in host["environment"].items()}
+    # The image's own variables first (it listens on 0.0.0.0), then the service's.
+    env = {**image_env(), **{k: str(v) for k, v in host["environment"].items()}}
     config = _host_config(host["command"], env, tmp_path)
+    assert config.listen == "0.0.0.0:50051" and config.insecure_allow_unauthenticated
+    assert host["ports"] == ["127.0.0.1:50051:50051"], "no authentication: published on loopback only"
     assert config.journal_kind == "postgres"
     assert config.harnesses == [("coding", "harness:50061")]
     served = harness_parser().parse_args(services["harness"]["command"])
@@ -141,6 +152,17 @@ def test_the_compose_services_commands_are_accepted(tmp_path: Path) -> None:
     assert host["depends_on"]["postgres"]["condition"] == "service_healthy"
     password = re.search(r"://[^:]+:([^@]+)@", config.journal)
     assert password and password.group(1) == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+
+
+def test_the_image_refuses_to_trust_every_caller_by_itself(tmp_path: Path) -> None:
+    """``docker run agentsessions`` serves 0.0.0.0: without tokens it must be told to go unauthenticated."""
+    env = image_env()
+    assert env["AGENTSESSIONS_LISTEN"] == "0.0.0.0:50051"
+    with pytest.raises(ConfigError, match="--insecure-allow-unauthenticated"):
+        _host_config(["serve"], env, tmp_path)
+    assert (
+        _host_config(["serve", "--insecure-allow-unauthenticated"], env, tmp_path).listen == "0.0.0.0:50051"
+    )
 
 
 def test_the_dockerfile_health_check_is_the_health_command() -> None:

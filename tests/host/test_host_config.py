@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -156,9 +158,36 @@ def test_registry_address_on_loopback() -> None:
     assert HostConfig(registry_addr="[::1]:50052").registry_addr == "[::1]:50052"
 
 
-@pytest.mark.parametrize("listen", ["127.0.0.1:0", "0.0.0.0:8080", "[::]:50051", "unix:/tmp/host.sock"])
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "localhost:7000", "[::1]:50051", "unix:/tmp/host.sock"])
 def test_listen_addresses(listen: str) -> None:
     assert HostConfig(listen=listen).listen == listen
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:8080", "[::]:50051", "10.1.2.3:50051", "example.com:50051"])
+def test_a_listener_others_can_reach_needs_authentication(listen: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        resolve(["--listen", listen])
+    assert str(refused.value).startswith(f"--listen {listen} is not a loopback address and no authentication")
+    assert "--insecure-allow-unauthenticated" in str(refused.value)
+    # Tokens, mutual TLS, or an explicit opt-out each let it start.
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(
+        json.dumps({"tokens": {"t" * 24: {"principal": "p", "projects": "*", "roles": ["admin"]}}})
+    )
+    assert resolve(["--listen", listen, "--auth-tokens", str(tokens)]).listen == listen
+    pem = tmp_path / "x.pem"
+    pem.write_text("not checked until the listener starts")
+    mutual = ["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca", str(pem)]
+    assert resolve(["--listen", listen, *mutual]).listen == listen
+    assert resolve(["--listen", listen, "--insecure-allow-unauthenticated"]).insecure_allow_unauthenticated
+    by_env = resolve(
+        [], {"AGENTSESSIONS_LISTEN": listen, "AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED": "true"}
+    )
+    assert by_env.listen == listen
+    with pytest.raises(
+        ConfigError, match="AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED 'maybe' is not a boolean"
+    ):
+        resolve([], {"AGENTSESSIONS_LISTEN": listen, "AGENTSESSIONS_INSECURE_ALLOW_UNAUTHENTICATED": "maybe"})
 
 
 @pytest.mark.parametrize(
@@ -176,4 +205,33 @@ def test_listen_addresses(listen: str) -> None:
 )
 def test_refused_values_name_their_flag(argv: list[str], flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):
+        resolve(argv)
+
+
+def test_limits_have_defaults_flags_and_variables() -> None:
+    config = resolve([])
+    assert config.limits.max_identity_bytes == 1024
+    assert config.limits.max_input_bytes == 1024 * 1024
+    assert config.limits.max_record_bytes == 4 * 1024 * 1024 - 64 * 1024
+    assert (config.limits.max_executions, config.limits.max_project_executions) == (512, 256)
+    given = resolve(
+        ["--max-input-bytes", "2048", "--max-executions", "8"],
+        {"AGENTSESSIONS_MAX_PROJECT_EXECUTIONS": "4", "AGENTSESSIONS_MAX_INPUT_BYTES": "9"},
+    )
+    assert (given.limits.max_input_bytes, given.limits.max_executions) == (2048, 8)
+    assert given.limits.max_project_executions == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["--max-record-bytes", "5000000"], "--max-record-bytes 5000000 must be at most 4128768"),
+        (["--max-input-bytes", "2000", "--max-record-bytes", "1000"], "must not exceed --max-record-bytes"),
+        (["--max-executions", "2", "--max-project-executions", "3"], "must not exceed --max-executions 2"),
+        (["--max-identity-bytes", "0"], "--max-identity-bytes 0 must be at least 1"),
+        (["--max-executions", "many"], "--max-executions 'many' is not an integer"),
+    ],
+)
+def test_limits_are_checked_at_startup(argv: list[str], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
         resolve(argv)

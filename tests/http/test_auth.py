@@ -91,27 +91,32 @@ async def test_roles_and_projects_are_the_grpc_rules(tokens_file: str) -> None:
             == "principal 'user:bob' lacks role 'writer', needed for agentsessions.v1.Sessions/CreateSession"
         )
 
-        # Carol's project is payments: alice's session and the default project are foreign to her.
+        # Carol's project is payments: alice's session is foreign to her, and a foreign session
+        # answers exactly as an unknown one does, on every route and over gRPC alike.
+        unknown = "sess-000000000000000000000000"
         foreign = await host.http.get(f"{API}/sessions/{uid}", headers=bearer(CAROL))
+        missing = await host.http.get(f"{API}/sessions/{unknown}", headers=bearer(CAROL))
         status, code, message = refusal(foreign)
-        assert (status, code) == (403, "PERMISSION_DENIED")
+        assert (status, code) == (404, "NOT_FOUND")
+        assert message == refusal(missing)[2].replace(unknown, uid)
         request = session_pb2.GetSessionRequest(uid=uid)
         assert await grpc_refusal(host.sessions.GetSession(request, metadata=bearer_metadata(CAROL))) == (
-            grpc.StatusCode.PERMISSION_DENIED,
+            grpc.StatusCode.NOT_FOUND,
             message,
         )
+        # Listing a project that is not hers is refused outright: it names no session.
         listing = await host.http.get(f"{API}/sessions", headers=bearer(CAROL))
         assert refusal(listing)[:2] == (403, "PERMISSION_DENIED")
         fork = await host.http.post(f"{API}/sessions/{uid}/fork", json={}, headers=bearer(CAROL))
-        assert refusal(fork)[:2] == (403, "PERMISSION_DENIED")
+        assert refusal(fork)[:2] == (404, "NOT_FOUND")
         status_code, lines = await exec_lines(
             host.http, f"{API}/sessions/{uid}/exec", {"inputs": [user_input("mine now")]}, bearer(CAROL)
         )
-        assert status_code == 403 and lines[0]["error"]["code"] == "PERMISSION_DENIED"
+        assert status_code == 404 and lines[0]["error"]["code"] == "NOT_FOUND"
 
         # The events of a foreign session are refused as reading it is.
         events = await host.http.get(f"{API}/sessions/{uid}/events", headers=bearer(CAROL))
-        assert refusal(events)[:2] == (403, "PERMISSION_DENIED")
+        assert refusal(events)[:2] == (404, "NOT_FOUND")
         # And nothing was journaled by any refusal.
         assert (await host.http.get(f"{API}/sessions/{uid}", headers=bearer(ALICE))).json()["lastSeq"] == "5"
 

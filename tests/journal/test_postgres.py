@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentsessions.host.journal import postgres
+from agentsessions.host.journal import execstate, postgres
 from agentsessions.host.journal.postgres import PostgresStore, PostgresURLError
 from agentsessions.host.journal.store import (
     ConflictError,
@@ -518,8 +518,20 @@ async def test_tampering_a_shared_prefix_is_caught_in_every_child(store: Postgre
 # -- schema upgrades -------------------------------------------------------------------------
 
 
+async def downgrade_to_version_2(url: str) -> None:
+    """Turn a fresh journal into what migrations 1 and 2 created."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("DROP TABLE journal_probe")
+        await conn.execute("ALTER TABLE sessions DROP COLUMN exec_projection")
+        await conn.execute("DELETE FROM schema_migrations WHERE version > 2")
+    finally:
+        await conn.close()
+
+
 async def downgrade_to_version_1(url: str) -> None:
     """Turn a fresh journal into what migration 1 alone created."""
+    await downgrade_to_version_2(url)
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("DROP INDEX sessions_base")
@@ -572,3 +584,50 @@ async def test_close_commits_every_append_already_queued(pg_url: str) -> None:
             assert await reopened.verify(uid) == 1
     finally:
         await reopened.close()
+
+
+async def test_a_version_2_journal_gets_each_sessions_execution_state(pg_url: str) -> None:
+    """Migration 3 folds every existing session's journal into its row once."""
+    store = await PostgresStore.open(pg_url)
+    call = common_pb2.ToolCall(id="t1", tool="rm", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL)
+    try:
+        await store.create_session(SessionRow(uid="parked", project="p"))
+        await store.append(
+            "parked",
+            [
+                common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="x"),
+                common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, execution_id="x", tool=call),
+                common_pb2.Event(
+                    kind=common_pb2.EVENT_APPROVAL_REQUEST,
+                    execution_id="x",
+                    approval=common_pb2.ApprovalRequest(tool_call_id="t1"),
+                ),
+            ],
+            expected_head=0,
+            fence=0,
+        )
+        await store.fork("parked", 2, [SessionRow(uid="kid", project="p")], fork_marker(2))
+        await store.create_session(SessionRow(uid="empty", project="p"))
+        before = {uid: await store.get_session(uid) for uid in ("parked", "kid", "empty")}
+    finally:
+        await store.close()
+    await downgrade_to_version_2(pg_url)
+    with pytest.raises(SchemaError, match="version 3 is missing"):
+        await PostgresStore.open(pg_url, migrate=False)
+    upgraded = await PostgresStore.open(pg_url)
+    try:
+        assert await upgraded.schema_version() == postgres.SCHEMA_VERSION == 3
+        for uid, row in before.items():
+            got = await upgraded.get_session(uid)
+            assert got is not None and row is not None
+            folded = execstate.fold([r.event for r in await upgraded.read(uid)], fork_seq=got.fork_seq)
+            assert got.exec_projection == folded == row.exec_projection, uid
+        rows, _ = await upgraded.list_sessions("p", 10, "")
+        gated = [
+            r.uid
+            for r in rows
+            if r.exec_projection and r.exec_projection.latest and r.exec_projection.latest.gate()
+        ]
+        assert gated == ["parked"]
+    finally:
+        await upgraded.close()

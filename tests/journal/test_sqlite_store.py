@@ -20,6 +20,7 @@ from agentsessions.host.journal import (
     SessionRow,
     StoreError,
     TamperedError,
+    execstate,
     open_store,
 )
 from agentsessions.host.journal import sqlite as sqlite_store
@@ -120,9 +121,21 @@ async def test_a_version_1_journal_is_migrated_and_keeps_verifying(tmp_path: Pat
         await store.close()
 
 
+async def downgrade_to_version_3(path: Path) -> None:
+    """Turn a journal into what schema version 3 wrote: no execution state in the session rows,
+    no health probe table."""
+    await run_sql(
+        path,
+        "DROP TABLE journal_probe",
+        "ALTER TABLE sessions DROP COLUMN exec_projection",
+        "PRAGMA user_version = 3",
+    )
+
+
 async def downgrade_to_version_2(path: Path) -> None:
     """Turn a journal into what schema version 2 wrote: every fork child holds a full copy of its
     parent's prefix (its records resolved through its bases, stored as its own), no base columns."""
+    await downgrade_to_version_3(path)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")
         while True:
@@ -557,3 +570,70 @@ async def test_another_process_on_the_file_is_noticed(store: SqliteStore) -> Non
     records = await store.read("s")
     assert [r.event.message.parts[0].text.text for r in records] == ["mine", "from another process"]
     assert await store.verify("s") == 2
+
+
+async def test_a_version_3_journal_gets_each_sessions_execution_state(tmp_path: Path) -> None:
+    """Schema 4 folds every existing session's journal into its row once, so listing reads none."""
+    path = tmp_path / "v3.db"
+    store = await SqliteStore.open(path)
+    await store.create_session(SessionRow(uid="parked", project="p"))
+    call = common_pb2.ToolCall(id="t1", tool="rm", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL)
+    await store.append(
+        "parked",
+        [
+            common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="x"),
+            common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, execution_id="x", tool=call),
+            common_pb2.Event(
+                kind=common_pb2.EVENT_APPROVAL_REQUEST,
+                execution_id="x",
+                approval=common_pb2.ApprovalRequest(tool_call_id="t1"),
+            ),
+        ],
+        expected_head=0,
+        fence=0,
+    )
+    await store.create_session(SessionRow(uid="done", project="p"))
+    await store.append(
+        "done",
+        [
+            common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="y"),
+            common_pb2.Event(
+                kind=common_pb2.EVENT_END, execution_id="y", end=common_pb2.HarnessEnd(state="COMPLETED")
+            ),
+        ],
+        expected_head=0,
+        fence=0,
+    )
+    await store.fork("parked", 2, [SessionRow(uid="kid", project="p")], fork_marker("parked@2"))
+    await store.create_session(SessionRow(uid="empty", project="p"))
+    before = {uid: (await store.get_session(uid)) for uid in ("parked", "done", "kid", "empty")}
+    await store.close()
+    await downgrade_to_version_3(path)
+    assert await query(path, "SELECT count(*) FROM sessions") == [(4,)]
+
+    store = await SqliteStore.open(path)
+    try:
+        assert await store.schema_version() == SCHEMA_VERSION == 4
+        for uid, row in before.items():
+            got = await store.get_session(uid)
+            assert got is not None and row is not None
+            fork_seq = got.fork_seq
+            folded = execstate.fold([r.event for r in await store.read(uid)], fork_seq=fork_seq)
+            assert got.exec_projection == folded == row.exec_projection, uid
+        parked = (await store.get_session("parked")).exec_projection  # type: ignore[union-attr]
+        assert parked is not None and parked.latest is not None and parked.latest.gate() is not None
+        # The migrated rows keep projecting.
+        await store.append(
+            "parked",
+            [
+                common_pb2.Event(
+                    kind=common_pb2.EVENT_TOOL_RESULT, execution_id="x", result=common_pb2.ToolResult(id="t1")
+                )
+            ],
+            expected_head=3,
+            fence=0,
+        )
+        after = (await store.get_session("parked")).exec_projection  # type: ignore[union-attr]
+        assert after is not None and after.latest is not None and after.latest.gate() is None
+    finally:
+        await store.close()

@@ -128,6 +128,20 @@ async def test_calls_without_a_known_principal_are_unauthenticated(tokens_file: 
             assert details == "authorization metadata must be 'Bearer <token>'"
 
 
+async def test_two_authorization_headers_are_unauthenticated(tokens_file: str) -> None:
+    """Neither header wins: which one a proxy or a server would pick is a guess to refuse."""
+    async with authenticated_host(tokens_file) as (address,):
+        for first, second in ((ALICE, BOB), (BOB, ALICE), (ALICE, ALICE), ("not-known-token-xyz", ALICE)):
+            doubled = (("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}"))
+            async with SessionsClient.connect(address, metadata=doubled) as both:
+                code, details = await status_of(both.create_session())
+                assert code == grpc.StatusCode.UNAUTHENTICATED
+                assert details == "more than one authorization header: send exactly one 'Bearer <token>'"
+                assert (await status_of(both.list_sessions()))[0] == grpc.StatusCode.UNAUTHENTICATED
+        async with client(address, ALICE) as alice:
+            assert [s async for s in alice.list_sessions()] == [], "nothing was created"
+
+
 async def test_health_and_reflection_stay_open(tokens_file: str) -> None:
     async with authenticated_host(tokens_file) as (address,), open_channel(address, None) as channel:
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
@@ -197,16 +211,22 @@ async def test_a_principal_acts_only_in_its_projects(tokens_file: str) -> None:
             assert (await status_of(alice.list_sessions(project="other")))[
                 0
             ] == grpc.StatusCode.PERMISSION_DENIED
+        unknown = "sess-000000000000000000000000"
         async with client(address, BOB) as bob:
-            for call in (bob.get_session(uid), bob.replay(uid), bob.list_sessions()):
-                code, details = await status_of(call)
-                assert (code, details) == (
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "principal 'user:bob' may not use project 'default'",
-                )
-            assert [s async for s in bob.list_sessions(project="other")] == []
+            # A session in a project bob may not use answers exactly as an unknown one does:
+            # neither its existence nor its project leaks.
+            got, missing = await status_of(bob.get_session(uid)), await status_of(bob.get_session(unknown))
+            assert got == (grpc.StatusCode.NOT_FOUND, f"session {uid!r} not found")
+            assert missing == (grpc.StatusCode.NOT_FOUND, f"session {unknown!r} not found")
+            assert [r async for r in bob.replay(uid)] == []
             # An unknown session has no records to show (as without authentication).
-            assert [r async for r in bob.replay("sess-000000000000000000000000")] == []
+            assert [r async for r in bob.replay(unknown)] == []
+            code, details = await status_of(bob.list_sessions())
+            assert (code, details) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "principal 'user:bob' may not use project 'default'",
+            )
+            assert [s async for s in bob.list_sessions(project="other")] == []
         async with client(address, DAVE) as dave:
             attempts: tuple[Any, ...] = (
                 dave.exec(uid, "hi"),
@@ -218,10 +238,7 @@ async def test_a_principal_acts_only_in_its_projects(tokens_file: str) -> None:
             )
             for attempt in attempts:
                 code, details = await status_of(attempt)
-                assert (code, details) == (
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    "principal 'user:dave' may not use project 'default'",
-                )
+                assert (code, details) == (grpc.StatusCode.NOT_FOUND, f"session {uid!r} not found")
             other = await dave.create_session(project="other")
             assert other.metadata.project == "other"
         async with client(address, ALICE) as alice:

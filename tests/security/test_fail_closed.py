@@ -14,7 +14,7 @@ from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller.errors import PermissionDeniedError, UnauthenticatedError
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.journal.memory import MemoryStore
-from agentsessions.host.journal.store import SessionRow
+from agentsessions.host.journal.store import SessionNotFoundError, SessionRow
 from agentsessions.v1 import session_pb2
 from tests.support.host import running_host, text_input
 
@@ -47,8 +47,11 @@ async def test_the_controller_refuses_a_call_without_a_principal_when_auth_is_on
                 await anonymous
         with pytest.raises(UnauthenticatedError):
             [r async for r in controller.records(uid)]
-        with pytest.raises(PermissionDeniedError, match="may not use project 'default'"):
+        # A session bob may not see is, to bob, an unknown one.
+        with pytest.raises(SessionNotFoundError, match=f"session {uid!r} not found"):
             await controller.view(uid, call=BOB)
+        with pytest.raises(PermissionDeniedError, match="may not use project 'default'"):
+            await controller.list_sessions("", 0, "", call=BOB)
         assert (await controller.view(uid, call=ALICE)).row.uid == uid
 
 

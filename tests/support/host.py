@@ -18,6 +18,7 @@ from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.service.decoding import DecodingInterceptor
 from agentsessions.host.service.registry import HarnessRegistryServicer
 from agentsessions.host.service.sessions import SessionsServicer
 from agentsessions.host.service.sessions import add_to_server as add_sessions_to_server
@@ -81,7 +82,7 @@ async def running_host(
         static[name] = StaticHarness(dial(address), address)
     catalog = HarnessCatalog(static, store, dial)
     controller = Controller(store, catalog, model or EchoModel(), tools, **controller_options)  # type: ignore[arg-type]
-    server = aio.server()
+    server = aio.server(interceptors=[DecodingInterceptor()])
     add_sessions_to_server(SessionsServicer(controller), server)
     harness_registry_pb2_grpc.add_HarnessRegistryServicer_to_server(HarnessRegistryServicer(catalog), server)
     port = server.add_insecure_port("127.0.0.1:0")

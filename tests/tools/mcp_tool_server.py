@@ -47,6 +47,13 @@ def append_marker(path: str, line: str) -> str:
     return "appended"
 
 
+@server.tool()
+def whisper(secret: str) -> str:
+    """Write its argument to stderr, as a chatty server's debug output would."""
+    print(f"debug: got secret={secret}", file=sys.stderr, flush=True)
+    return "ok"
+
+
 if __name__ == "__main__":
     pid_file = os.environ.get("MCP_TEST_PID_FILE")
     if pid_file:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -67,7 +69,7 @@ def texts(result: common_pb2.ToolResult) -> list[str]:
 
 async def test_lists_the_servers_tools_with_schemas(executor: McpExecutor) -> None:
     specs = {spec.name: spec for spec in executor.tools()}
-    assert set(specs) == {"add", "shout", "pixel", "fail", "append_marker"}
+    assert set(specs) == {"add", "shout", "pixel", "fail", "append_marker", "whisper"}
     assert specs["add"].description == "Add two integers."
     schema = specs["add"].input_schema
     assert schema["type"] == "object"
@@ -153,3 +155,58 @@ async def test_flag_syntax_launches_the_server() -> None:
         assert "shout" in {spec.name for spec in mcp.tools()}
     finally:
         await mcp.stop()
+
+
+# A host process in miniature: the host's logging on its stderr, one MCP executor, one call.
+_WHISPER_HOST = """
+import asyncio, sys
+from agentsessions.host import logs
+from agentsessions.host.tools import McpExecutor
+from agentsessions.v1 import common_pb2
+from google.protobuf import struct_pb2
+
+async def main(level, server, secret):
+    logs.configure(level, "json")
+    mcp = McpExecutor("whisper", sys.executable, [server], start_timeout_s=60, stop_timeout_s=15)
+    await mcp.start()
+    args = struct_pb2.Struct()
+    args.update({"secret": secret})
+    call = common_pb2.ToolCall(id="c1", tool="whisper", args=args, idempotency_key="k1",
+                               mediation=common_pb2.MEDIATION_CONTROLLER_MEDIATED)
+    try:
+        print((await mcp.execute("s", call)).content[0].text.text)
+    finally:
+        await mcp.stop()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+async def test_the_servers_stderr_is_logged_only_at_debug_and_marked(level: str) -> None:
+    secret = "hunter2-" + os.urandom(4).hex()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _WHISPER_HOST,
+        level,
+        str(SERVER),
+        secret,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(120):
+        out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    assert out.decode().strip() == "ok"
+    lines = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    leaked = [line for line in err.decode().splitlines() if secret in line]
+    if level == "info":
+        # Not on the host's stderr at all: neither raw nor in a log line.
+        assert leaked == []
+    else:
+        (logged,) = leaked
+        entry = json.loads(logged)
+        assert entry["msg"] == "mcp server stderr" and entry["level"] == "debug"
+        assert entry["may_contain_payloads"] is True and entry["server"] == "whisper"
+    assert all("msg" in line for line in lines)

@@ -34,6 +34,7 @@ from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import registry, sessions
+from agentsessions.host.service.decoding import DecodingInterceptor
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
@@ -156,6 +157,7 @@ async def build_controller(
         purge_on_delete=config.purge_on_delete,
         approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
         access=access,
+        limits=config.limits,
     )
     app.controller = controller
     return controller
@@ -176,6 +178,8 @@ async def build_app(config: HostConfig) -> App:
     except (HarnessProcessError, AuthFileError, ConfigError) as exc:
         await app.close()
         raise StartupError(str(exc)) from exc
+    # Innermost: undecodable request bytes answer INVALID_ARGUMENT, after authentication.
+    app.interceptors.append(DecodingInterceptor())
     sessions_servicer = sessions.SessionsServicer(controller)
     app.services.append(
         Service(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypedDict, cast
 
 from agentsessions.host import addresses
+from agentsessions.host import limits as host_limits
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
@@ -87,6 +88,8 @@ class HostConfig:
     purge_on_delete: bool = False
     # Host decisions at approval gates: rules, session grants, expiry (docs/approvals.md).
     approval_policy: str | None = None
+    # Request, record and concurrency limits (agentsessions.host.limits).
+    limits: host_limits.Limits = field(default_factory=lambda: host_limits.DEFAULT_LIMITS)
     # TLS on the Sessions and registry listeners; a client CA makes it mutual TLS (docs/security.md).
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -97,6 +100,8 @@ class HostConfig:
     harness_tls_key: str | None = None
     # Tokens and certificate identities -> principals (agentsessions.host.auth); None: no authentication.
     auth_tokens: str | None = None
+    # Serve a non-loopback --listen without --auth-tokens or mutual TLS (refused otherwise).
+    insecure_allow_unauthenticated: bool = False
     # Where traces and metrics go (agentsessions.host.telemetry).
     otel_exporter: OtelExporter = "none"
     # The model provider's timeouts and retries (the block at the end of this module).
@@ -143,6 +148,9 @@ class HostConfig:
         self._check_tls()
         if self.auth_tokens is not None:
             check_auth_tokens(self.auth_tokens)
+        check_authenticated_listener(
+            self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
+        )
         if self.otel_exporter not in OTEL_EXPORTERS:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
@@ -250,6 +258,7 @@ class HostConfig:
             approval_policy=getattr(args, "approval_policy", None)
             or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
             or None,
+            limits=_limits(args, environ),
             tls_cert=pick("tls_cert", "") or None,
             tls_key=pick("tls_key", "") or None,
             tls_client_ca=pick("tls_client_ca", "") or None,
@@ -257,10 +266,22 @@ class HostConfig:
             harness_tls_cert=pick("harness_tls_cert", "") or None,
             harness_tls_key=pick("harness_tls_key", "") or None,
             auth_tokens=pick("auth_tokens", "") or None,
+            insecure_allow_unauthenticated=_flag(
+                getattr(args, "insecure_allow_unauthenticated", None),
+                environ.get(ENV_PREFIX + "INSECURE_ALLOW_UNAUTHENTICATED"),
+                "INSECURE_ALLOW_UNAUTHENTICATED",
+            ),
             otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
             model_transport=ModelTransportConfig.from_sources(args, environ),
             http_listen=pick("http_listen", "") or None,
         )
+
+
+def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits.Limits:
+    try:
+        return host_limits.Limits.from_sources(args, environ)
+    except host_limits.LimitsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_file(flag: str, path: str) -> None:
@@ -275,7 +296,7 @@ def _split(flags: Sequence[str], env_value: str | None, sep: str = ",") -> list[
     return [item.strip() for item in (env_value or "").split(sep) if item.strip()]
 
 
-def _flag(flag: bool | None, env_value: str | None) -> bool:
+def _flag(flag: bool | None, env_value: str | None, name: str = "PURGE_ON_DELETE") -> bool:
     if flag is not None:
         return flag
     if env_value is None or env_value == "":
@@ -284,7 +305,7 @@ def _flag(flag: bool | None, env_value: str | None) -> bool:
         return True
     if env_value.lower() in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{ENV_PREFIX}PURGE_ON_DELETE {env_value!r} is not a boolean (true/false)")
+    raise ConfigError(f"{ENV_PREFIX}{name} {env_value!r} is not a boolean (true/false)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -360,6 +381,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"JSON or TOML approval policy: per-project rules, session grants, expiry "
         f"(env {env}APPROVAL_POLICY; see docs/approvals.md)",
     )
+    host_limits.add_arguments(parser)
     add_security_arguments(parser)
     add_http_arguments(parser)
     parser.add_argument(
@@ -391,6 +413,13 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"JSON or TOML file mapping bearer tokens and client certificate identities to principals, "
         f"projects and roles; without it every caller is trusted, so bind loopback "
         f"(env {env}AUTH_TOKENS; see docs/security.md)",
+    )
+    parser.add_argument(
+        "--insecure-allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help=f"serve a non-loopback --listen without --auth-tokens or mutual TLS, trusting every "
+        f"caller that reaches it (env {env}INSECURE_ALLOW_UNAUTHENTICATED; default: refuse to start)",
     )
 
 
@@ -499,6 +528,21 @@ def check_auth_tokens(path: str) -> None:
         load_principals(path)
     except AuthFileError as exc:
         raise ConfigError(f"--auth-tokens {exc}") from None
+
+
+def check_authenticated_listener(
+    listen: str, auth_tokens: str | None, tls_client_ca: str | None, insecure: bool
+) -> None:
+    """A listener others can reach authenticates its callers (tokens or mutual TLS), unless the
+    operator says, explicitly, that it must not."""
+    if addresses.is_loopback(listen) or auth_tokens is not None or tls_client_ca is not None or insecure:
+        return
+    raise ConfigError(
+        f"--listen {listen} is not a loopback address and no authentication is set: anyone who "
+        "reaches it could read, run and approve every session. Set --auth-tokens (or mutual TLS "
+        "with --tls-client-ca), bind a loopback address, or pass --insecure-allow-unauthenticated "
+        "to serve it anyway (docs/security.md)"
+    )
 
 
 def check_approval_policy(path: str) -> None:

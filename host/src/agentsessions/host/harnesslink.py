@@ -33,14 +33,16 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
+from agentsessions.host import protowire
 from agentsessions.host.addresses import check_harness_address
-from agentsessions.host.controller.errors import HarnessUnavailableError
+from agentsessions.host.controller.errors import HarnessMisdescribedError, HarnessUnavailableError
 from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
@@ -90,6 +92,7 @@ _BODY = {
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 _CONNECT_METHOD = "/" + harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name + "/Connect"
+_DESCRIBE_METHOD = "/" + harness_pb2.DESCRIPTOR.services_by_name["Harness"].full_name + "/Describe"
 # Wire tags (field number << 3 | length-delimited) of ControllerFrame.start and Start.history.
 _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start"].number << 3 | 2])
 _HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
@@ -208,7 +211,13 @@ class RemoteHarness:
             stub.Connect = self._channel.stream_stream(
                 _CONNECT_METHOD,
                 request_serializer=_frame_bytes,
-                response_deserializer=common_pb2.Event.FromString,
+                response_deserializer=_decoder(common_pb2.Event),
+            )
+            # Bytes that do not decode are reported by field, not as a bare None from gRPC.
+            stub.Describe = self._channel.unary_unary(
+                _DESCRIBE_METHOD,
+                request_serializer=harness_pb2.DescribeRequest.SerializeToString,
+                response_deserializer=_decoder(harness_pb2.HarnessDescriptor),
             )
             self._stub = stub  # type: ignore[assignment]
         assert self._stub is not None
@@ -230,6 +239,11 @@ class RemoteHarness:
             raise HarnessUnavailableError(
                 f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
             ) from exc
+        if isinstance(descriptor, _Undecodable):
+            raise HarnessMisdescribedError(
+                f"harness at {self.address} answered Describe with bytes that do not decode as "
+                f"agentsessions.v1.HarnessDescriptor: {descriptor.why}"
+            )
         channel = self._channel
         watcher = self._watcher
         if (
@@ -597,12 +611,14 @@ class _Bridge:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 ) from None
             except grpc.aio.AioRpcError as exc:
-                raise _stream_error(exc, self._link.address) from exc
+                raise _status_error(
+                    exc.code(), exc.details() or "", self._link.address, writing=True
+                ) from exc
             except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
                 # The stream already finished; its status says why.
                 code = await call.code()
                 details = await call.details()
-                raise _status_error(code, details, self._link.address) from exc
+                raise _status_error(code, details, self._link.address, writing=True) from exc
 
     async def _receive(self, bound: float | None, what: str) -> common_pb2.Event | None:
         call = self._call
@@ -619,6 +635,10 @@ class _Bridge:
             raise _stream_error(exc, self._link.address) from exc
         if message is grpc.aio.EOF:
             return None
+        if isinstance(message, _Undecodable):
+            raise HarnessProtocolError(
+                f"harness sent a frame that does not decode as agentsessions.v1.Event: {message.why}"
+            )
         assert isinstance(message, common_pb2.Event)
         return message
 
@@ -747,14 +767,47 @@ def _kind_name(kind: int) -> str:
         return f"EventKind({kind})"
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """A harness message the protobuf runtime refused; ``why`` names the field and the rule."""
+
+    why: str
+
+
+def _decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
+    """A response decoder that reports bytes which do not decode instead of raising (gRPC would
+    log the error and hand back None)."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            found = protowire.explain(message_type.DESCRIPTOR, data, str(exc))  # type: ignore[arg-type]
+            return _Undecodable(f"{found.path}: {found.rule}" if found.path else found.rule)
+
+    return decode
+
+
 def _stream_error(exc: grpc.aio.AioRpcError, address: str) -> HarnessLinkError | HarnessUnavailableError:
     return _status_error(exc.code(), exc.details() or "", address)
 
 
 def _status_error(
-    code: grpc.StatusCode, details: str, address: str
+    code: grpc.StatusCode, details: str, address: str, *, writing: bool = False
 ) -> HarnessLinkError | HarnessUnavailableError:
-    message = f"harness at {address} ended the stream with {code.name}: {details}"
+    if code == grpc.StatusCode.OK:
+        # The harness returned while the host still had frames for it (a reply, a cancel).
+        message = f"harness at {address} closed the stream mid-turn, before the host's reply was delivered"
+        return HarnessProtocolError(message)
+    status = f"{code.name}: {details or 'no details'}"
+    if writing:
+        # gRPC reports a write to a stream the harness already ended with a status of its own.
+        message = (
+            f"harness at {address} ended the stream mid-turn, "
+            f"while the host was sending it a frame ({status})"
+        )
+    else:
+        message = f"harness at {address} ended the stream with {status}"
     if code in _UNAVAILABLE:
         return HarnessUnavailableError(message, code)
     return HarnessFailedError(message, code, description=details)

@@ -39,6 +39,20 @@ class HealthServicer(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
         if not self._draining:
             await self._set_all(SERVING)
 
+    async def set_services(self, status: Any, services: Iterable[str]) -> None:
+        """Set the status of some known services (the overall "" is left alone; ignored once draining)."""
+        async with self._changed:
+            if self._draining:
+                return
+            for name in services:
+                if name and name in self._status:
+                    self._status[name] = status
+            self._changed.notify_all()
+
+    def services(self) -> list[str]:
+        """The services this servicer reports on (without the overall "")."""
+        return [name for name in self._status if name]
+
     async def drain(self) -> None:
         """Mark every service NOT_SERVING for good and end open Watch streams."""
         self._draining = True

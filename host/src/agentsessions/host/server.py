@@ -30,6 +30,7 @@ from agentsessions.host.addresses import is_loopback
 from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.http import HttpListener
+from agentsessions.host.journalwatch import JournalWatch
 from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
@@ -92,11 +93,13 @@ async def serve(
             listeners = _listeners(config, app)
             for listener in listeners:
                 await listener.start()
+            _watch_journal(app, [listener.health for listener in listeners])
             log.info("serving", extra=logs.fields(**_startup_facts(config, app, listeners)))
-            if config.auth_tokens is None and not is_loopback(config.listen):
+            if config.auth_tokens is None and config.tls_client_ca is None and not is_loopback(config.listen):
+                # Only with --insecure-allow-unauthenticated: the configuration refuses it otherwise.
                 log.warning(
-                    "no authentication: anyone who reaches this address can read, run and approve "
-                    "every session; bind loopback or set --auth-tokens (docs/security.md)",
+                    "no authentication (--insecure-allow-unauthenticated): anyone who reaches this "
+                    "address can read, run and approve every session (docs/security.md)",
                     extra=logs.fields(listen=config.listen),
                 )
             if on_serving is not None:
@@ -110,6 +113,21 @@ async def serve(
             await app.close()
     log.info("stopped")
     return 0
+
+
+def _watch_journal(app: App, healths: Sequence[health.HealthServicer]) -> None:
+    """NOT_SERVING while the journal takes no writes, probing until it does (journalwatch); the
+    watch ends when the app closes."""
+    if app.controller is None:
+        return
+    task = asyncio.create_task(JournalWatch(app.controller.store, healths).run(), name="journal-watch")
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    app.on_close(stop)
 
 
 def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Serving]) -> dict[str, Any]:

@@ -68,25 +68,32 @@ def required_role(method: str) -> str | None:
 
 
 class _Malformed:
-    """An authorization header that is not ``Bearer <token>``."""
+    """An authorization header the host refuses, and why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
 
 
-_MALFORMED = _Malformed()
+_MALFORMED = _Malformed("authorization metadata must be 'Bearer <token>'")
+# Which of two tokens would count is a guess an attacker could steer: refuse them both.
+_DUPLICATE = _Malformed("more than one authorization header: send exactly one 'Bearer <token>'")
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | _Malformed | None:
-    """The token of the ``authorization: Bearer <token>`` header (None: no header)."""
-    for key, value in metadata or ():
-        if key != _AUTHORIZATION:
-            continue
-        if not isinstance(value, str):
-            return _MALFORMED
-        scheme, _, token = value.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != _BEARER or not token:
-            return _MALFORMED
-        return token
-    return None
+    """The token of the one ``authorization: Bearer <token>`` header (None: no header)."""
+    headers = [value for key, value in metadata or () if key == _AUTHORIZATION]
+    if not headers:
+        return None
+    if len(headers) > 1:
+        return _DUPLICATE
+    (value,) = headers
+    if not isinstance(value, str):
+        return _MALFORMED
+    scheme, _, token = value.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != _BEARER or not token:
+        return _MALFORMED
+    return token
 
 
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
@@ -120,9 +127,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _authenticate(self, token: str | _Malformed | None, context: aio.ServicerContext) -> Principal:
         if isinstance(token, _Malformed):
-            await _abort(
-                context, grpc.StatusCode.UNAUTHENTICATED, "authorization metadata must be 'Bearer <token>'"
-            )
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, token.why)
         if token is not None:
             principal = self._principals.by_token(token)
             if principal is None:

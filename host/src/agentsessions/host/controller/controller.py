@@ -32,7 +32,9 @@ from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.turns import ExecParams, Turn
 from agentsessions.host.controller.writer import JournalWriter
-from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.host.journal import encode_page_token
+from agentsessions.host.journal.store import JournalStore, JournalUnavailableError, SessionRow
+from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.v1 import common_pb2, session_pb2
 
@@ -55,8 +57,11 @@ class Controller:
         new_id: Callable[[], str] | None = None,
         approval_policy: ApprovalPolicy | None = None,
         access: SessionAccess | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.store = store
+        # Request, record and concurrency limits; the servicer checks requests against them too.
+        self.limits = limits or DEFAULT_LIMITS
         self.catalog = catalog
         self.purge_on_delete = purge_on_delete
         # Host decisions at approval gates (rules, session grants, expiry): approval_policy.py.
@@ -68,7 +73,7 @@ class Controller:
         self._core = Core(
             store=store,
             cache=cache,
-            writer=JournalWriter(store, cache),
+            writer=JournalWriter(store, cache, self.limits.max_record_bytes),
             catalog=catalog,
             sinks=SinkFactory(
                 model,
@@ -89,6 +94,8 @@ class Controller:
             default_project=default_project or "default",
             purge_on_delete=purge_on_delete,
             cancel_grace_s=cancel_grace_s,
+            limits=self.limits,
+            slots=ExecutionSlots(self.limits),
         )
 
     # -- sessions -----------------------------------------------------------------------------
@@ -111,6 +118,10 @@ class Controller:
     ) -> tuple[list[SessionView], str]:
         return await sessions.page(self._core, call, project, page_size, token)
 
+    def page_token_after(self, view: SessionView) -> str:
+        """The ListSessions token of the page that continues after ``view`` (a page cut short)."""
+        return encode_page_token(view.row.create_time_ns, view.row.uid)
+
     async def delete_session(self, uid: str, *, call: CallContext = ANONYMOUS) -> SessionView:
         if uid in self._core.driver.running:
             # A running turn is cancelled first (END{CANCELED} and the CANCEL marker are journaled);
@@ -124,6 +135,9 @@ class Controller:
     async def admit_exec(self, p: ExecParams, *, call: CallContext = ANONYMOUS) -> AsyncIterator[Turn]:
         """Route an Exec; errors raised here precede any frame. The session is guarded while the
         returned turn is alive."""
+        if self.store.health.failure is not None:
+            # Nothing could be journaled: refuse before the first frame, not after it.
+            raise JournalUnavailableError(self.store.health.failure)
         async with turns.admit(self._core, call, p) as turn:
             yield turn
 

@@ -20,6 +20,7 @@ from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.limits import ExecutionSlots, Limits
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,5 @@ class Core:
     default_project: str
     purge_on_delete: bool
     cancel_grace_s: float
+    limits: Limits  # request, record and concurrency limits (agentsessions.host.limits)
+    slots: ExecutionSlots  # executions running on this host, bounded by the limits

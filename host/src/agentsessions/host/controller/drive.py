@@ -28,7 +28,7 @@ from agentsessions.host.controller.errors import (
 from agentsessions.host.controller.harnesses import ResolvedHarness
 from agentsessions.host.controller.sink import ExecutionSink
 from agentsessions.host.controller.writer import ExecutionWriter
-from agentsessions.host.journal.store import ConflictError, FencedError
+from agentsessions.host.journal.store import ConflictError, FencedError, JournalUnavailableError, StoreError
 from agentsessions.host.telemetry.genai import traced_turn
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError, find_park
@@ -169,7 +169,7 @@ class Driver:
         if failure is not None:
             err = _classify(failure)
             if not isinstance(err, ConcurrencyError):
-                with contextlib.suppress(ControllerError):
+                with contextlib.suppress(ControllerError, StoreError):  # best effort (spec 1.1 Exec 8)
                     await tail(
                         common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(description=str(failure)))
                     )
@@ -184,7 +184,9 @@ async def settled(task: asyncio.Task[Any]) -> None:
         await task
 
 
-def _classify(exc: BaseException) -> ControllerError:
+def _classify(exc: BaseException) -> ControllerError | JournalUnavailableError:
+    if isinstance(exc, JournalUnavailableError):
+        return exc  # the journal refused the write (UNAVAILABLE); the turn is left for Resume
     if isinstance(exc, HarnessUnavailableError):
         # The harness went away mid-turn: the turn is interrupted (INTERNAL), not refused.
         return HarnessRunError(f"harness run failed: {exc}")

@@ -58,6 +58,11 @@ class HarnessMismatchError(FailedPreconditionError):
     """The served harness is not the one (name/version) the journal recorded."""
 
 
+class HarnessMisdescribedError(FailedPreconditionError):
+    """The harness's Describe answer breaks the contract (does not decode, has no id, names a
+    resumability this host does not know): nothing can be placed on it."""
+
+
 class UnplaceableError(FailedPreconditionError):
     """The harness's needs cannot be met by the runtime (e.g. memory snapshots)."""
 
@@ -77,6 +82,19 @@ class HarnessUnavailableError(ControllerError):
     def __init__(self, message: str, code: object = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ResourceExhaustedError(ControllerError):
+    """A host limit is reached (running executions, a record's size); the message names the flag."""
+
+
+class RecordTooLargeError(ResourceExhaustedError):
+    """A record is larger than ``--max-record-bytes``: it is refused before it is journaled."""
+
+
+class UnrecordableError(ControllerError):
+    """A record holds a value the journal cannot hash or a reader could not decode (a NaN, JSON
+    nested too deep, a negative token count); raised before anything is written."""
 
 
 class DeadlineExceededError(ControllerError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agentsessions.host.controller.errors import (
     FailedPreconditionError,
+    HarnessMisdescribedError,
     HarnessUnavailableError,
     InvalidArgumentError,
     UnplaceableError,
@@ -142,10 +143,11 @@ async def describe(
         raise HarnessUnavailableError(
             f"harness {resolved.name!r} did not answer Describe within {bound_s:g}s"
         ) from exc
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, HarnessMisdescribedError):
         raise
     except Exception as exc:
         raise HarnessUnavailableError(f"harness {resolved.name!r} is unreachable: {exc}") from exc
+    check_descriptor(resolved.name, descriptor)
     if resolved.descriptor_id and descriptor.id != resolved.descriptor_id:
         raise FailedPreconditionError(
             f"harness {resolved.name!r} reports descriptor id {descriptor.id!r}, "
@@ -163,3 +165,20 @@ async def describe_placed(resolved: ResolvedHarness) -> harness_pb2.HarnessDescr
     if refusal is not None:
         raise UnplaceableError(refusal)
     return descriptor
+
+
+def check_descriptor(name: str, descriptor: object) -> None:
+    """A Describe answer the host can place: a descriptor with an id and a resumability this host
+    knows (unstated is allowed); HarnessMisdescribedError naming what is wrong otherwise."""
+    if not isinstance(descriptor, harness_pb2.HarnessDescriptor):
+        raise HarnessMisdescribedError(f"harness {name!r} answered Describe with no HarnessDescriptor")
+    if not descriptor.id:
+        raise HarnessMisdescribedError(
+            f"harness {name!r} describes itself without an id (HarnessDescriptor.id)"
+        )
+    resumability = descriptor.capabilities.resumability
+    if resumability not in harness_pb2.Resumability.values():
+        raise HarnessMisdescribedError(
+            f"harness {name!r} declares resumability {resumability}, which this host does not know "
+            f"(known: {', '.join(harness_pb2.Resumability.keys())})"
+        )

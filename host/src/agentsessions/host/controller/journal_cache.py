@@ -58,11 +58,18 @@ class JournalCache:
                 return entry
             if len(entry.events) < head.seq:
                 fresh = await self._store.read(uid, len(entry.events) + 1, 0)
-                if fresh and fresh[0].prev_hash == entry.last_hash:
-                    entry.events.extend(r.event for r in fresh)
-                    entry.last_hash = fresh[-1].content_hash
-                    self._entries.move_to_end(uid)
-                    return entry
+                # While the read was in flight this host's own appends may have extended the entry,
+                # or dropped it: only what follows the entry as it is now is added, and only to it.
+                if self._entries.get(uid) is entry:
+                    known = len(entry.events)
+                    fresh = [r for r in fresh if r.seq > known]
+                    linked = fresh and fresh[0].seq == known + 1 and fresh[0].prev_hash == entry.last_hash
+                    if linked:
+                        entry.events.extend(r.event for r in fresh)
+                        entry.last_hash = fresh[-1].content_hash
+                    if linked or (not fresh and known >= head.seq):
+                        self._entries.move_to_end(uid)
+                        return entry
         records = await self._store.read(uid, 1, 0)
         entry = _Entry([r.event for r in records], records[-1].content_hash if records else "")
         self._remember(uid, entry)

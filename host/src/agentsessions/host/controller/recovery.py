@@ -42,6 +42,12 @@ async def suspend(core: Core, call: CallContext, uid: str) -> SessionView:
 
 
 async def resume(core: Core, call: CallContext, uid: str) -> SessionView:
+    row = await sessions.row(core, call, uid)
+    with core.slots.hold(row.project):  # a re-drive is an execution like any other
+        return await _resume(core, call, uid)
+
+
+async def _resume(core: Core, call: CallContext, uid: str) -> SessionView:
     async with core.guards.hold(uid):
         row = await sessions.row(core, call, uid)
         events, executions = await sessions.read(core, row)

@@ -14,6 +14,7 @@ from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.reconstruct import reconstruct
 from agentsessions.host.controller.sinks import Recorded
 from agentsessions.host.controller.state import was_cancelled
+from agentsessions.host.journal import MAX_SEQ
 from agentsessions.sdk.harness import message_text
 from agentsessions.v1 import common_pb2
 
@@ -40,8 +41,9 @@ async def records(
     if not await sessions.visible(core, call, uid):
         return
     seq = max(from_seq, 1)
-    while to_seq == 0 or seq <= to_seq:
-        upper = seq + RECORDS_PAGE - 1 if to_seq == 0 else min(seq + RECORDS_PAGE - 1, to_seq)
+    last = to_seq if to_seq > 0 else MAX_SEQ
+    while seq <= last:
+        upper = min(seq + RECORDS_PAGE - 1, last)
         page = await core.store.read(uid, seq, upper)
         for rec in page:
             yield rec

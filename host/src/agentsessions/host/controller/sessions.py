@@ -15,9 +15,10 @@ from agentsessions.host.controller.errors import (
     ControllerError,
     InvalidArgumentError,
     InvalidExecutionLogError,
+    PermissionDeniedError,
 )
 from agentsessions.host.controller.executions import Execution
-from agentsessions.host.controller.state import SessionView, derive_view
+from agentsessions.host.controller.state import SessionView, derive_view, projected_view
 from agentsessions.host.journal.store import (
     COMPUTE_NONE,
     InvalidPageTokenError,
@@ -36,24 +37,30 @@ def new_session_uid() -> str:
 
 
 async def row(core: Core, call: CallContext, uid: str) -> SessionRow:
-    """The session's row; SessionNotFoundError, or an access refusal for the caller."""
+    """The session's row; SessionNotFoundError, also for a session in a project the caller may
+    not use: to such a caller it answers exactly as an unknown uid does, so neither its existence
+    nor its project leaks (UnauthenticatedError still comes first)."""
     core.access.check_caller(call)
     found = await core.store.get_session(uid)
-    if found is None:
+    if found is None or not _may_see(core, call, found.project):
         raise SessionNotFoundError(f"session {uid!r} not found")
-    core.access.check_project(call, found.project)
     return found
 
 
 async def visible(core: Core, call: CallContext, uid: str) -> bool:
-    """Whether ``uid``'s records may be streamed. A session without a visible row (unknown, or
-    deleted with its rows kept for audit) has no records to show (False); one in a project the
-    caller may not use is refused."""
+    """Whether ``uid``'s records may be streamed. A session without a visible row (unknown,
+    deleted with its rows kept for audit, or in a project the caller may not use) has no records
+    to show (False)."""
     core.access.check_caller(call)
     found = await core.store.get_session(uid)
-    if found is None:
+    return found is not None and _may_see(core, call, found.project)
+
+
+def _may_see(core: Core, call: CallContext, project: str) -> bool:
+    try:
+        core.access.check_project(call, project)
+    except PermissionDeniedError:
         return False
-    core.access.check_project(call, found.project)
     return True
 
 
@@ -63,9 +70,14 @@ async def read(core: Core, session: SessionRow) -> Journal:
 
 
 async def view(core: Core, session: SessionRow, journal: Journal | None = None) -> SessionView:
-    """The row's derived view; ``journal`` is the session as the caller has just read it."""
+    """The row's derived view; ``journal`` is the session as the caller has just read it. Without
+    one, the execution state the row projects is used, and the journal is read only for a row
+    whose projection is missing or could not be kept (``journal.execstate``)."""
     if session.last_seq == 0:
         return SessionView(session, session_pb2.EXEC_PENDING)
+    projection = session.exec_projection
+    if journal is None and projection is not None and not projection.unknown:
+        return projected_view(session, projection, running_here=session.uid in core.driver.running)
     try:
         events, executions = journal if journal is not None else await read(core, session)
     except InvalidExecutionLogError:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
 from agentsessions.host.controller.executions import Execution, latest_execution, recorded_effects
+from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2, session_pb2
 
@@ -89,4 +90,33 @@ def derive_view(
         return SessionView(row, session_pb2.EXEC_FAILED)
     # No END and no ERROR: the turn is in flight on another host, or a crash cut it short.
     # Either way it has not finished; Resume completes an interrupted one from the journal.
+    return SessionView(row, session_pb2.EXEC_RUNNING)
+
+
+def projected_view(row: SessionRow, projection: ExecProjection, *, running_here: bool) -> SessionView:
+    """The same view as ``derive_view``, from the execution state the row projects from its
+    journal (``journal.execstate``), without reading the journal."""
+    if row.last_seq == 0:
+        return SessionView(row, session_pb2.EXEC_PENDING)
+    if projection.invalid:
+        return SessionView(row, session_pb2.EXEC_FAILED)
+    latest = projection.latest
+    gate = latest.gate() if latest is not None else None
+    if latest is not None and gate is not None:
+        ref = common_pb2.ApprovalRef(
+            execution_id=latest.id, tool_call_id=gate.id, request_seq=gate.request_seq
+        )
+        return SessionView(row, session_pb2.EXEC_AWAITING, ref)
+    if running_here:
+        return SessionView(row, session_pb2.EXEC_RUNNING)
+    if latest is None:
+        return SessionView(row, session_pb2.EXEC_COMPLETED)
+    if latest.end_state is not None:
+        if latest.end_state == "CANCELED":
+            return SessionView(row, session_pb2.EXEC_CANCELED)
+        if latest.end_state not in ("", "COMPLETED"):
+            return SessionView(row, session_pb2.EXEC_FAILED)
+        return SessionView(row, session_pb2.EXEC_COMPLETED)
+    if latest.errored:
+        return SessionView(row, session_pb2.EXEC_FAILED)
     return SessionView(row, session_pb2.EXEC_RUNNING)

@@ -106,25 +106,28 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
     returned turn is alive."""
     if p.deadline_unix > 0 and time.time() >= p.deadline_unix:
         raise DeadlineExceededError(f"deadline_unix {p.deadline_unix} has already passed")
-    if p.session:
-        row = await sessions.row(core, call, p.session)
-        resolved = await _route(core, row, p.harness)
-    else:
-        created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
-        row = created.row
-        resolved = await core.catalog.resolve(row.harness)
-    events, executions = await sessions.read(core, row)
-    gate = open_gate(events, executions)
-    if gate is not None and p.inputs:
-        raise FailedPreconditionError(
-            f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
-            f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
-        )
-    async with core.guards.hold(row.uid):
-        # Taking the guard did not yield: the journal read above is still this host's latest
-        # (another host's write is caught by the fence mint and the append, both CAS).
-        view = await sessions.view(core, row, (events, executions))
-        yield Turn(core, call, p, view, resolved, gate, events)
+    found = await sessions.row(core, call, p.session) if p.session else None
+    # The project's execution slot is taken before anything (even a new session) is written.
+    with core.slots.hold(found.project if found is not None else core.default_project):
+        if found is not None:
+            row = found
+            resolved = await _route(core, row, p.harness)
+        else:
+            created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
+            row = created.row
+            resolved = await core.catalog.resolve(row.harness)
+        events, executions = await sessions.read(core, row)
+        gate = open_gate(events, executions)
+        if gate is not None and p.inputs:
+            raise FailedPreconditionError(
+                f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
+                f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
+            )
+        async with core.guards.hold(row.uid):
+            # Taking the guard did not yield: the journal read above is still this host's latest
+            # (another host's write is caught by the fence mint and the append, both CAS).
+            view = await sessions.view(core, row, (events, executions))
+            yield Turn(core, call, p, view, resolved, gate, events)
 
 
 async def _route(core: Core, row: SessionRow, override: str) -> ResolvedHarness:

@@ -2,7 +2,9 @@
 (CAS), fence mints, lifecycle markers, and the writer one execution appends its records through.
 
 A refused CAS or a superseded fence becomes ConcurrencyError (ABORTED); whatever is made durable
-extends the journal cache, so the next read of the session costs nothing.
+extends the journal cache, so the next read of the session costs nothing. Every event is checked
+first (``agentsessions.host.recordable`` and the record size limit), whoever produced it: one that
+cannot be journaled or read back is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from agentsessions.host.controller.errors import ConcurrencyError
+from agentsessions.host import recordable
+from agentsessions.host.controller.errors import ConcurrencyError, RecordTooLargeError, UnrecordableError
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import ConflictError, FencedError, JournalStore
+from agentsessions.host.limits import DEFAULT_LIMITS
 from agentsessions.host.telemetry.genai import journal_append
 from agentsessions.v1 import common_pb2
 
@@ -24,9 +28,15 @@ OnRecord = Callable[[common_pb2.LogRecord], Awaitable[None]]
 class JournalWriter:
     """Appends, fences and markers for every session of this host."""
 
-    def __init__(self, store: JournalStore, cache: JournalCache) -> None:
+    def __init__(
+        self,
+        store: JournalStore,
+        cache: JournalCache,
+        max_record_bytes: int = DEFAULT_LIMITS.max_record_bytes,
+    ) -> None:
         self._store = store
         self._cache = cache
+        self._max_record_bytes = max_record_bytes
 
     async def append(
         self, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int, *, mint_fence: bool = False
@@ -34,6 +44,8 @@ class JournalWriter:
         """Append ``events`` after record ``head`` under ``fence`` (or, with ``mint_fence``, under a
         fence minted in the same transaction); ConcurrencyError when another writer won the head."""
         normalized = [canon.normalize_event(e) for e in events]
+        for event in normalized:
+            self._check(event)
         try:
             with journal_append(uid, len(normalized)) as span:
                 records = await self._store.append(
@@ -46,6 +58,17 @@ class JournalWriter:
             raise ConcurrencyError(f"session {uid}: superseded by a newer writer: {exc}") from exc
         self._cache.appended(uid, records)
         return records
+
+    def _check(self, event: common_pb2.Event) -> None:
+        size = event.ByteSize()
+        if size > self._max_record_bytes:
+            raise RecordTooLargeError(
+                f"{_kind(event)} record of {size} bytes exceeds the record size limit "
+                f"(--max-record-bytes {self._max_record_bytes}); it was not journaled"
+            )
+        found = recordable.fault(event)
+        if found is not None:
+            raise UnrecordableError(f"{_kind(event)} record cannot be journaled: {found.path}: {found.rule}")
 
     async def mint(self, uid: str, head: int) -> int:
         """A new fence for this incarnation, minted only while the journal head is ``head``:
@@ -95,3 +118,12 @@ class ExecutionWriter:
     async def marker(self, lifecycle: common_pb2.Lifecycle) -> common_pb2.LogRecord:
         """A lifecycle marker after the execution's records, under its fence."""
         return await self.journal.marker(self.uid, self.fence, lifecycle, self.on_record)
+
+
+def _kind(event: common_pb2.Event) -> str:
+    name = (
+        common_pb2.EventKind.Name(event.kind)
+        if event.kind in common_pb2.EventKind.values()
+        else str(event.kind)
+    )
+    return name.removeprefix("EVENT_")

@@ -25,6 +25,7 @@ from agentsessions.host.journal.store import (
     InvalidPageTokenError,
     JournalLocationError,
     JournalStore,
+    JournalUnavailableError,
     SchemaError,
     SessionExistsError,
     SessionNotFoundError,
@@ -39,6 +40,7 @@ __all__ = [
     "COMPUTE_NONE",
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
+    "MAX_SEQ",
     "ConflictError",
     "FencedError",
     "Head",
@@ -47,6 +49,7 @@ __all__ = [
     "JournalLocation",
     "JournalLocationError",
     "JournalStore",
+    "JournalUnavailableError",
     "PostgresURLError",
     "SchemaError",
     "SessionExistsError",
@@ -65,6 +68,8 @@ __all__ = [
 
 DEFAULT_PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
+# The largest seq (and timestamp) a journal stores: a signed 64-bit integer, as SQL keeps it.
+MAX_SEQ: Final = 2**63 - 1
 
 JournalKind = Literal["memory", "sqlite", "postgres"]
 
@@ -213,7 +218,7 @@ def decode_page_token(token: str) -> tuple[int, str]:
     except (binascii.Error, ValueError):
         raise bad from None
     nanos, sep, uid = text.partition("\x00")
-    if not sep or not uid or not nanos.isdigit() or not nanos.isascii():
+    if not sep or not uid or not nanos.isdigit() or not nanos.isascii() or int(nanos) > MAX_SEQ:
         raise bad
     # Only the canonical spelling round-trips; anything else was not issued by us.
     if encode_page_token(int(nanos), uid) != token:

@@ -89,6 +89,10 @@ class Transaction(Protocol):
         """Record an executor outcome unless one is recorded for the key already."""
         ...
 
+    async def touch_probe(self, now_ns: int) -> None:
+        """Write the journal_probe row (a health probe: does the journal take writes?)."""
+        ...
+
 
 @dataclass(frozen=True)
 class BatchFailure:

@@ -26,11 +26,20 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
-from agentsessions.host.journal import clamp_page_size, decode_page_token, encode_page_token, rules
+from agentsessions.host.journal import (
+    MAX_SEQ,
+    clamp_page_size,
+    decode_page_token,
+    encode_page_token,
+    execstate,
+    rules,
+)
 from agentsessions.host.journal.dialect import Dialect, Transaction
+from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.groupcommit import GroupCommit
+from agentsessions.host.journal.health import JournalHealth
 from agentsessions.host.journal.rules import AppendRequest, MintRequest, SessionHead
-from agentsessions.host.journal.store import Head, SessionRow, StoreError
+from agentsessions.host.journal.store import Head, JournalUnavailableError, SessionRow, StoreError
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = ["DEFAULT_MAX_BATCH", "HEAD_CACHE_SIZE", "DialectStore", "HeadView", "WriterStats"]
@@ -98,6 +107,8 @@ class DialectStore:
         self._closing = False
         self._heads: dict[str, SessionHead] = {}
         self._queue: GroupCommit[_Write[Any]] | None = None
+        # Unwritable after a write the journal refused for want of storage; writable after any commit.
+        self.health = JournalHealth()
         if not dialect.immediate:
             self._queue = GroupCommit(self._commit, max_batch=max_batch, max_in_flight=dialect.max_in_flight)
         self.stats = WriterStats()
@@ -118,6 +129,15 @@ class DialectStore:
             raise StoreError(f"{what}: store is closed")
 
     # -- the writer --------------------------------------------------------------------------
+
+    async def probe(self) -> None:
+        """One small write (the journal_probe row) through the writer: returns once it committed,
+        raises the refusal (JournalUnavailableError while the journal takes no writes)."""
+
+        async def program(tx: Transaction, view: HeadView) -> None:
+            await tx.touch_probe(time.time_ns())
+
+        await self.write("probe", program)
 
     async def write(self, what: str, program: Callable[[Transaction, HeadView], Awaitable[_T]]) -> _T:
         """Run ``program`` in the writer's next transaction. It must check every rule before its
@@ -154,6 +174,8 @@ class DialectStore:
             self._heads.clear()
             self.stats.failed_commits += 1
             failure = self._dialect.batch_failure(exc)
+            if issubclass(failure.kind, JournalUnavailableError):
+                self.health.failed(failure.message)
             if failure.retry_alone and len(batch) > 1:
                 for write in batch:
                     await self._commit([write])
@@ -165,6 +187,7 @@ class DialectStore:
                 _settle(write.future, refusal)
             return
         self._remember(view, foreign)
+        self.health.recovered()
         self.stats.commits += 1
         self.stats.head_reads += view.reads
         for write, outcome in zip(batch, outcomes, strict=True):
@@ -276,7 +299,9 @@ class DialectStore:
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
         self._check_open("read")
-        return await self._dialect.read(uid, max(1, from_seq), max(0, to_seq))
+        if from_seq > MAX_SEQ:
+            return []  # past any head a journal can reach (and past what SQL integers hold)
+        return await self._dialect.read(uid, max(1, from_seq), min(max(0, to_seq), MAX_SEQ))
 
     async def head(self, uid: str) -> Head:
         self._check_open("head")
@@ -302,6 +327,15 @@ class DialectStore:
         rules.require_distinct_uids(children)
         prepared = rules.prepare_events([marker])
         uids = [c.uid for c in children]
+        # The children's execution state is their parent's at at_seq: the parent's own when that
+        # is its head (the usual fork, nothing to read), else the prefix folded here, before the
+        # write (records 1..at_seq never change; the program checks they are still the ones read).
+        folded: tuple[ExecProjection, str] | None = None
+        if at_seq > 0 and (await self.head(parent_uid)).seq != at_seq:
+            prefix = await self.read(parent_uid, 1, at_seq)
+            if len(prefix) == at_seq:
+                events = (r.event for r in prefix)
+                folded = execstate.fold(events, fork_seq=at_seq), prefix[-1].content_hash
 
         async def program(tx: Transaction, view: HeadView) -> list[SessionRow]:
             parent = (await tx.heads([parent_uid]))[parent_uid]
@@ -309,7 +343,16 @@ class DialectStore:
             if 0 < at_seq <= parent.seq and parent.exists and not parent.deleted:
                 anchor = await tx.record_at(parent_uid, at_seq)
             taken = await tx.taken(uids)
-            plan = rules.plan_fork(parent, at_seq, anchor, children, taken, prepared, time.time_ns())
+            projection = rules.UNKNOWN_EXEC
+            if at_seq == 0:
+                projection = execstate.EMPTY
+            elif at_seq == parent.seq and not parent.exec.unknown:
+                projection = execstate.inherit(parent.exec)
+            elif folded is not None and anchor is not None and anchor[1] == folded[1]:
+                projection = folded[0]
+            plan = rules.plan_fork(
+                parent, at_seq, anchor, children, taken, prepared, time.time_ns(), projection
+            )
             await tx.insert_sessions(plan.sessions)
             await tx.share_prefix(uids, parent_uid, at_seq)
             await tx.append_rows(plan.markers, (), time.time_ns())
@@ -411,7 +454,10 @@ async def _apply_run(
 
 def _head_of(new: rules.NewSession) -> SessionHead:
     row = new.row
-    return SessionHead(row.uid, True, False, new.fence, row.compute_state, row.last_seq, new.last_hash)
+    projection = row.exec_projection if row.exec_projection is not None else rules.UNKNOWN_EXEC
+    return SessionHead(
+        row.uid, True, False, new.fence, row.compute_state, row.last_seq, new.last_hash, projection
+    )
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any) -> None:

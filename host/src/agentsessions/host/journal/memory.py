@@ -15,9 +15,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
+from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.rules import (
+    UNKNOWN_EXEC,
     ChainCheck,
     NewSession,
     SessionHead,
@@ -41,6 +44,7 @@ class _Session:
     deleted: bool = False
     last_seq: int = 0
     last_hash: str = ""
+    exec_projection: ExecProjection = execstate.EMPTY
 
 
 @dataclass
@@ -67,6 +71,7 @@ class _Memory:
                 update_time_ns=session.update_time_ns,
                 compute_state=session.compute_state,
                 last_seq=session.last_seq,
+                exec_projection=session.exec_projection,
             )
         )
 
@@ -106,7 +111,9 @@ class _MemoryTransaction:
             out[uid] = (
                 SessionHead(uid)
                 if s is None
-                else SessionHead(uid, True, s.deleted, s.fence, s.compute_state, s.last_seq, s.last_hash)
+                else SessionHead(
+                    uid, True, s.deleted, s.fence, s.compute_state, s.last_seq, s.last_hash, s.exec_projection
+                )
             )
         return out
 
@@ -120,6 +127,7 @@ class _MemoryTransaction:
             s = self._m.sessions[head.uid]
             s.fence, s.compute_state = head.fence, head.compute_state
             s.last_seq, s.last_hash, s.update_time_ns = head.seq, head.hash, now_ns
+            s.exec_projection = head.exec
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
         for new in sessions:
@@ -131,6 +139,7 @@ class _MemoryTransaction:
                 update_time_ns=row.update_time_ns,
                 last_seq=row.last_seq,
                 last_hash=new.last_hash,
+                exec_projection=row.exec_projection if row.exec_projection is not None else UNKNOWN_EXEC,
             )
 
     async def insert_session_if_new(self, session: NewSession) -> bool:
@@ -153,6 +162,7 @@ class _MemoryTransaction:
         self._m.journals.pop(uid, None)
         session = self._m.sessions[uid]
         session.last_seq, session.last_hash = 0, ""
+        session.exec_projection = execstate.EMPTY
         for key in [k for k in self._m.receipts if k[0] == uid]:
             del self._m.receipts[key]
 
@@ -172,6 +182,9 @@ class _MemoryTransaction:
 
     async def put_tool_receipt(self, uid: str, idempotency_key: str, result: bytes, now_ns: int) -> None:
         self._m.receipts.setdefault((uid, idempotency_key), result)
+
+    async def touch_probe(self, now_ns: int) -> None:
+        return None  # memory always takes writes
 
 
 class _MemoryDialect:

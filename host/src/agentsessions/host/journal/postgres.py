@@ -26,12 +26,14 @@ from typing import Any, Final, TypeVar, cast
 
 import asyncpg
 
-from agentsessions.host.journal import PostgresURLError, redact_url, validate_postgres_url
+from agentsessions.host.journal import PostgresURLError, execstate, redact_url, validate_postgres_url
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
-from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.store import (
     ConflictError,
+    JournalUnavailableError,
     SchemaError,
     SessionRow,
     StoreError,
@@ -67,6 +69,26 @@ class _Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    # Work in Python after the statements, in the same transaction (existing rows to fill).
+    backfill: Callable[[Any], Awaitable[None]] | None = None
+
+
+async def _project_existing_sessions(conn: Any) -> None:
+    """Migration 3 on an existing journal: fold each session's journal into its row (the one time
+    a session's records are read for its execution state)."""
+    sessions = await conn.fetch(
+        "SELECT uid, fork_seq FROM sessions WHERE exec_projection IS NULL ORDER BY uid"
+    )
+    for rec in sessions:
+        events = []
+        for r in await conn.fetch(_RESOLVED, rec["uid"], 1, 0):
+            event = common_pb2.Event()
+            event.ParseFromString(r["event"])
+            events.append(event)
+        projection = execstate.fold(events, fork_seq=int(rec["fork_seq"]))
+        await conn.execute(
+            "UPDATE sessions SET exec_projection = $2 WHERE uid = $1", rec["uid"], projection.encode()
+        )
 
 
 # Append-only: never edit a released migration, add a new version instead.
@@ -144,6 +166,21 @@ MIGRATIONS: Final[tuple[_Migration, ...]] = (
             "CREATE INDEX sessions_base ON sessions (base_uid) WHERE base_uid <> ''",
         ),
     ),
+    _Migration(
+        3,
+        "sessions keep the execution state their journal projects; a journal health probe row",
+        (
+            # Maintained by every append (journal.execstate), so listing sessions reads no journal.
+            "ALTER TABLE sessions ADD COLUMN exec_projection TEXT",
+            """
+            CREATE TABLE IF NOT EXISTS journal_probe (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                written_at BIGINT NOT NULL
+            )
+            """,
+        ),
+        _project_existing_sessions,
+    ),
 )
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version
 
@@ -157,11 +194,27 @@ def _driver_error(what: str, exc: BaseException) -> tuple[type[StoreError], str,
         return ConflictError, f"{what}: a concurrent writer already wrote that row", True
     if isinstance(exc, asyncpg.UndefinedTableError):
         return SchemaError, f"{what}: journal tables are missing ({exc})", False
+    state = "writable" if what == "journal write" else "available"
+    if isinstance(exc, asyncpg.PostgresError) and _refuses_writes(exc):
+        return JournalUnavailableError, f"journal not {state}: {what}: {exc} ({exc.sqlstate})", False
     if isinstance(exc, asyncpg.PostgresError):
         return StoreError, f"{what}: PostgreSQL error {exc.sqlstate}: {exc}", False
     if isinstance(exc, OSError | asyncpg.InterfaceError | TimeoutError):
-        return StoreError, f"{what}: PostgreSQL unavailable: {exc}", False
+        reason = f"PostgreSQL unavailable: {exc or type(exc).__name__}"
+        return JournalUnavailableError, f"journal not {state}: {what}: {reason}", False
     return None
+
+
+# SQLSTATEs of a database that refuses this host's writes for now: no privilege (42501), a
+# read-only transaction or server (25006), insufficient resources such as a full disk (class 53),
+# the server shutting down or not accepting connections (class 57P), connection failures (08).
+_REFUSALS: Final = ("42501", "25006")
+_REFUSAL_CLASSES: Final = ("53", "57P", "08")
+
+
+def _refuses_writes(exc: Any) -> bool:
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return state in _REFUSALS or state.startswith(_REFUSAL_CLASSES)
 
 
 @contextlib.contextmanager
@@ -191,18 +244,19 @@ _APPEND_ROWS: Final = """
     )
     UPDATE sessions AS s
     SET last_seq = u.last_seq, last_hash = u.last_hash, compute_state = u.compute_state, updated_at = $11,
-        fence = u.fence
-    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $12::bigint[])
-        AS u(uid, last_seq, last_hash, compute_state, fence)
+        fence = u.fence, exec_projection = u.exec_projection
+    FROM unnest($7::text[], $8::bigint[], $9::text[], $10::text[], $12::bigint[], $13::text[])
+        AS u(uid, last_seq, last_hash, compute_state, fence, exec_projection)
     WHERE s.uid = u.uid
 """
 
 _INSERT_SESSIONS: Final = """
     INSERT INTO sessions (uid, project, name, harness, model, labels, annotations, origin, identity,
-        parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash)
+        parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash,
+        exec_projection)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
         $7::jsonb[], $8::bytea[], $9::bytea[], $10::text[], $11::bigint[], $12::bigint[], $13::bigint[],
-        $14::text[], $15::bigint[], $16::bigint[], $17::text[])
+        $14::text[], $15::bigint[], $16::bigint[], $17::text[], $18::text[])
 """
 
 # A session's records: its own rows above base_seq, then (recursively) rows 1..base_seq of its
@@ -225,7 +279,7 @@ _RESOLVED: Final = """
 
 _SESSION_COLUMNS: Final = (
     "uid, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
-    "fork_seq, fence, compute_state, last_seq, created_at, updated_at"
+    "fork_seq, fence, compute_state, last_seq, created_at, updated_at, exec_projection"
 )
 
 
@@ -256,7 +310,7 @@ class _Transaction:
     async def heads(self, uids: Sequence[str]) -> dict[str, SessionHead]:
         recs = await self._conn.fetch(
             """
-            SELECT uid, fence, last_seq, last_hash, compute_state, deleted_at FROM sessions
+            SELECT uid, fence, last_seq, last_hash, compute_state, deleted_at, exec_projection FROM sessions
             WHERE uid = ANY($1::text[]) ORDER BY uid FOR UPDATE
             """,
             list(uids),
@@ -272,6 +326,7 @@ class _Transaction:
                 str(r["compute_state"]),
                 int(r["last_seq"]),
                 str(r["last_hash"]),
+                _head_projection(r["exec_projection"]),
             )
         return out
 
@@ -291,6 +346,7 @@ class _Transaction:
             [h.compute_state for h in moved],
             now_ns,
             [h.fence for h in moved],
+            [h.exec.encode() for h in moved],
         )
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
@@ -323,8 +379,10 @@ class _Transaction:
         conn = self._conn
         await _unshare(conn, uid)
         await conn.execute(
-            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 WHERE uid = $1",
+            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0, "
+            "exec_projection = $2 WHERE uid = $1",
             uid,
+            execstate.EMPTY.encode(),
         )
         await conn.execute("DELETE FROM events WHERE session = $1", uid)
         await conn.execute("DELETE FROM tool_receipts WHERE session = $1", uid)
@@ -360,6 +418,15 @@ class _Transaction:
             """,
             name,
             registration,
+            now_ns,
+        )
+
+    async def touch_probe(self, now_ns: int) -> None:
+        await self._conn.execute(
+            """
+            INSERT INTO journal_probe (id, written_at) VALUES (1, $1)
+            ON CONFLICT (id) DO UPDATE SET written_at = EXCLUDED.written_at
+            """,
             now_ns,
         )
 
@@ -659,6 +726,8 @@ async def _migrate(conn: Any, shown: str, *, apply: bool) -> None:
                     )
                 for statement in migration.statements:
                     await conn.execute(statement)
+                if migration.backfill is not None:
+                    await migration.backfill(conn)
                 await conn.execute(
                     f"INSERT INTO {_MIGRATIONS_TABLE} (version, name) VALUES ($1, $2)",
                     migration.version,
@@ -690,7 +759,13 @@ def _row_params(new: NewSession) -> tuple[Any, ...]:
         new.fence,
         row.last_seq,
         new.last_hash,
+        None if row.exec_projection is None else row.exec_projection.encode(),
     )
+
+
+def _head_projection(text: str | None) -> ExecProjection:
+    found = execstate.decode(text)
+    return UNKNOWN_EXEC if found is None else found
 
 
 def _decode_map(value: Any) -> dict[str, str]:
@@ -717,6 +792,7 @@ def _row_from_record(rec: Any) -> SessionRow:
         update_time_ns=int(rec["updated_at"]),
         compute_state=str(rec["compute_state"]),
         last_seq=int(rec["last_seq"]),
+        exec_projection=execstate.decode(rec["exec_projection"]),
     )
 
 

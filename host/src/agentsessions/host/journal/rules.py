@@ -22,7 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from agentsessions.host.journal import execstate
 from agentsessions.host.journal.canon import canonical_event, chain_hash, content_hash, normalize_event
+from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.store import (
     COMPUTE_COLD,
     COMPUTE_LIVE,
@@ -38,6 +40,7 @@ from agentsessions.host.journal.store import (
 from agentsessions.v1 import common_pb2
 
 __all__ = [
+    "UNKNOWN_EXEC",
     "AppendRequest",
     "Appended",
     "ChainCheck",
@@ -81,6 +84,12 @@ class SessionHead(NamedTuple):
     compute_state: str = COMPUTE_NONE
     seq: int = 0
     hash: str = ""
+    # The execution state the row projects (journal.execstate); UNKNOWN_EXEC when it has none.
+    exec: ExecProjection = execstate.EMPTY
+
+
+# A row whose projection is missing or unreadable: appends keep it so, readers use the journal.
+UNKNOWN_EXEC: ExecProjection = execstate.fold((), start=ExecProjection(unknown=True))
 
 
 class StoredRecord(NamedTuple):
@@ -222,7 +231,7 @@ def plan_run(
             if not head.exists:
                 created.add(uid)
             head = SessionHead(
-                uid, True, head.deleted, head.fence + 1, head.compute_state, head.seq, head.hash
+                uid, True, head.deleted, head.fence + 1, head.compute_state, head.seq, head.hash, head.exec
             )
             current[uid] = moved[uid] = head
             outcomes.append(head.fence)
@@ -240,7 +249,7 @@ def plan_run(
         elif fence < head.fence:
             outcomes.append(_fenced(uid, fence, head.fence))
             continue
-        seq, prev, state = head.seq, head.hash, head.compute_state
+        seq, prev, state, projected = head.seq, head.hash, head.compute_state, head.exec
         chain: list[tuple[int, str, str]] = []
         prepared = req.prepared
         for ev, blob, canonical in zip(prepared.events, prepared.blobs, prepared.canonical, strict=True):
@@ -249,14 +258,25 @@ def plan_run(
             add_row(StoredRecord(uid, seq, prev, digest, fence, blob))
             chain.append((seq, prev, digest))
             state = project_compute_state(state, ev)
+            projected = execstate.advance(projected, ev, seq)
             prev = digest
         # Only a mint moves the session's fence: a greater fence is accepted, not recorded.
         if chain or req.mint:
-            head = SessionHead(uid, True, False, fence if req.mint else head.fence, state, seq, prev)
+            head = SessionHead(
+                uid, True, False, fence if req.mint else head.fence, state, seq, prev, projected
+            )
             current[uid] = moved[uid] = head
         outcomes.append(Appended(fence, tuple(chain)))
     new = [
-        NewSession(SessionRow(uid=uid, project="", create_time_ns=now_ns, update_time_ns=now_ns))
+        NewSession(
+            SessionRow(
+                uid=uid,
+                project="",
+                create_time_ns=now_ns,
+                update_time_ns=now_ns,
+                exec_projection=current[uid].exec,
+            )
+        )
         for uid in sorted(created)
     ]
     return RunPlan(outcomes, rows, new, moved)
@@ -291,6 +311,7 @@ def plan_new_session(row: SessionRow, now_ns: int) -> NewSession:
             update_time_ns=row.update_time_ns or created,
             compute_state=COMPUTE_NONE,
             last_seq=0,
+            exec_projection=execstate.EMPTY,
         )
     )
 
@@ -370,11 +391,13 @@ def plan_fork(
     taken: Iterable[str],
     marker: PreparedEvents,
     now_ns: int,
+    prefix: ExecProjection = UNKNOWN_EXEC,
 ) -> ForkPlan:
     """Check a fork and plan its children: each shares the parent's records 1..at_seq (identical
     hashes) and starts its own chain with ``marker`` at at_seq+1, linked to the parent's record
     at_seq. ``anchor`` is that record's (seq, hash) as stored, None if it is not stored;
-    ``taken`` the children's uids that already have a row."""
+    ``taken`` the children's uids that already have a row; ``prefix`` the execution state of the
+    parent's records 1..at_seq (``execstate.fold`` with fork_seq at_seq)."""
     require_distinct_uids(children)
     if not parent.exists or parent.deleted:
         raise not_found(parent.uid)
@@ -409,6 +432,7 @@ def plan_fork(
                 update_time_ns=now_ns,
                 compute_state=state,
                 last_seq=marker_seq,
+                exec_projection=execstate.advance(prefix, event, marker_seq),
             ),
             fence=0,
             last_hash=digest,
@@ -455,6 +479,7 @@ def plan_import(
         update_time_ns=now_ns,
         compute_state=state,
         last_seq=len(records),
+        exec_projection=execstate.fold((r.event for r in records), fork_seq=row.fork_seq),
     )
     return ImportPlan(
         NewSession(stored, fence=max((r.fence for r in records), default=0), last_hash=prev),

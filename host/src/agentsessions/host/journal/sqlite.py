@@ -1,8 +1,9 @@
 """SQLite journal store: the embedded default, a dialect of ``engine.DialectStore``.
 
-Three connections, each used only on a thread of its own: the writer, a reader for ordinary
-reads and a scanner for ``verify`` (one consistent snapshot per verify, without holding up the
-reader), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
+Four connections, each used only on a thread of its own: the writer, a reader for row lookups
+and pages of sessions, a records reader for ranges of records (so a long Replay never holds up a
+ListSessions), and a scanner for ``verify`` (one consistent snapshot per verify, without holding up
+the readers), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
 transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
 batch of appends, across sessions, durable, and the event loop hands off once per batch.
 
@@ -32,17 +33,25 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DEFAULT_MAX_BATCH, DialectStore, WriterStats
-from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
-from agentsessions.host.journal.store import ConflictError, SchemaError, SessionRow, StoreError
+from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.store import (
+    ConflictError,
+    JournalUnavailableError,
+    SchemaError,
+    SessionRow,
+    StoreError,
+)
 from agentsessions.v1 import common_pb2
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteStore", "WriterStats"]
 
 # Stamped in the database header so a foreign SQLite file is told apart from a journal.
 APPLICATION_ID: Final = 0x4153_4A4C  # "ASJL"
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 SYNCHRONOUS_MODES: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 5000
 _WAL_ATTEMPTS: Final = 50
@@ -152,26 +161,42 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "DROP TABLE temp.shared_prefixes",
         "CREATE INDEX sessions_base ON sessions(base_uid) WHERE base_uid <> ''",
     ),
+    # 4: each session row keeps the execution state its journal projects (journal.execstate),
+    # maintained by every append, so listing sessions reads no journal. Existing rows are folded
+    # from their journals once, by _project_existing_sessions. And one row a health probe writes
+    # to learn whether the journal takes writes again.
+    (
+        "ALTER TABLE sessions ADD COLUMN exec_projection TEXT",
+        """
+        CREATE TABLE IF NOT EXISTS journal_probe (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            written_at INTEGER NOT NULL
+        )
+        """,
+    ),
 )
 
 
 _ROW_COLUMNS: Final = (
     "session, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
-    "fork_seq, created_at, updated_at, compute_state, last_seq"
+    "fork_seq, created_at, updated_at, compute_state, last_seq, exec_projection"
 )
 _INSERT_ROW: Final = (
     "INSERT INTO sessions (session, project, name, harness, model, labels, annotations, origin, identity, "
-    "parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "parent_uid, fork_seq, created_at, updated_at, compute_state, fence, last_seq, last_hash, "
+    "exec_projection) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_EVENT: Final = (
     "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)"
 )
 _MOVE_HEAD: Final = (
-    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ?, fence = ? "
-    "WHERE session = ?"
+    "UPDATE sessions SET compute_state = ?, updated_at = ?, last_seq = ?, last_hash = ?, fence = ?, "
+    "exec_projection = ? WHERE session = ?"
 )
-_HEAD: Final = "SELECT deleted, fence, compute_state, last_seq, last_hash FROM sessions WHERE session = ?"
+_HEAD: Final = (
+    "SELECT deleted, fence, compute_state, last_seq, last_hash, exec_projection "
+    "FROM sessions WHERE session = ?"
+)
 
 _T = TypeVar("_T")
 
@@ -203,7 +228,21 @@ def _row_params(new: NewSession) -> tuple[Any, ...]:
         new.fence,
         row.last_seq,
         new.last_hash,
+        _projection_text(row.exec_projection),
     )
+
+
+def _projection_text(projection: ExecProjection | None) -> str | None:
+    return None if projection is None else projection.encode()
+
+
+def _head_projection(text: str | None) -> ExecProjection:
+    found = execstate.decode(text)
+    return UNKNOWN_EXEC if found is None else found
+
+
+def _json_object(text: str) -> dict[str, str]:
+    return {} if text == "{}" else dict(json.loads(text))  # most sessions carry no labels
 
 
 def _row_from(rec: Sequence[Any]) -> SessionRow:
@@ -213,8 +252,8 @@ def _row_from(rec: Sequence[Any]) -> SessionRow:
         name=rec[2],
         harness=rec[3],
         model=rec[4],
-        labels=json.loads(rec[5]),
-        annotations=json.loads(rec[6]),
+        labels=_json_object(rec[5]),
+        annotations=_json_object(rec[6]),
         origin=None if rec[7] is None else common_pb2.Origin.FromString(rec[7]),
         identity=None if rec[8] is None else common_pb2.IdentityRef.FromString(rec[8]),
         parent_uid=rec[9],
@@ -223,6 +262,7 @@ def _row_from(rec: Sequence[Any]) -> SessionRow:
         update_time_ns=rec[12],
         compute_state=rec[13],
         last_seq=rec[14],
+        exec_projection=execstate.decode(rec[15]),
     )
 
 
@@ -393,7 +433,9 @@ class _Transaction:
             if rec is None:
                 out[uid] = SessionHead(uid)
             else:
-                out[uid] = SessionHead(uid, True, bool(rec[0]), rec[1], rec[2], rec[3], rec[4])
+                out[uid] = SessionHead(
+                    uid, True, bool(rec[0]), rec[1], rec[2], rec[3], rec[4], _head_projection(rec[5])
+                )
         return out
 
     async def append_rows(
@@ -403,7 +445,10 @@ class _Transaction:
         db.executemany(
             _INSERT_EVENT, [(r.session, r.seq, r.prev_hash, r.hash, r.fence, r.event) for r in rows]
         )
-        db.executemany(_MOVE_HEAD, [(h.compute_state, now_ns, h.seq, h.hash, h.fence, h.uid) for h in moved])
+        db.executemany(
+            _MOVE_HEAD,
+            [(h.compute_state, now_ns, h.seq, h.hash, h.fence, h.exec.encode(), h.uid) for h in moved],
+        )
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
         self._db.executemany(_INSERT_ROW, [_row_params(s) for s in sessions])
@@ -437,8 +482,9 @@ class _Transaction:
         db = self._db
         _unshare(db, uid)
         db.execute(
-            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0 WHERE session = ?",
-            (uid,),
+            "UPDATE sessions SET last_seq = 0, last_hash = '', base_uid = '', base_seq = 0, "
+            "exec_projection = ? WHERE session = ?",
+            (execstate.EMPTY.encode(), uid),
         )
         db.execute("DELETE FROM events WHERE session = ?", (uid,))
         db.execute("DELETE FROM tool_receipts WHERE session = ?", (uid,))
@@ -470,6 +516,13 @@ class _Transaction:
             "INSERT INTO tool_receipts (session, idempotency_key, result, created_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (session, idempotency_key) DO NOTHING",
             (uid, idempotency_key, result, now_ns),
+        )
+
+    async def touch_probe(self, now_ns: int) -> None:
+        self._db.execute(
+            "INSERT INTO journal_probe (id, written_at) VALUES (1, ?) "
+            "ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at",
+            (now_ns,),
         )
 
 
@@ -563,6 +616,17 @@ def _verify_scan(db: sqlite3.Connection, uid: str, check: ChainCheck) -> tuple[i
     return anchor
 
 
+# SQLite's primary result codes for storage that refuses the operation (sqlite3.h): the file or
+# its directory is read-only or immutable, the disk is full or failing, the file cannot be opened
+# or is locked past the busy timeout, or it is no longer a database.
+_STORAGE_CODES: Final = frozenset({3, 5, 6, 8, 10, 11, 13, 14, 26})
+
+
+def _storage_refused(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.Error) and isinstance(code, int) and (code & 0xFF) in _STORAGE_CODES
+
+
 def _fetch_all(db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
     return db.execute(sql, params).fetchall()
 
@@ -574,10 +638,15 @@ class _SqliteDialect:
     immediate: Final = False
     max_in_flight: Final = 1
 
-    def __init__(self, path: str, writer: _Connection, reader: _Connection, scanner: _Connection) -> None:
+    def __init__(
+        self, path: str, writer: _Connection, reader: _Connection, records: _Connection, scanner: _Connection
+    ) -> None:
         self.path = path
         self.writer = writer
         self._reader = reader
+        # Ranges of records (Replay pages, a journal read whole) on a thread of their own, so row
+        # lookups and session pages never wait behind a long read.
+        self._records = records
         self._scanner = scanner
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
@@ -590,14 +659,20 @@ class _SqliteDialect:
         if isinstance(exc, sqlite3.IntegrityError):
             # A row already there: another writer won it, or the file was edited behind our back.
             return BatchFailure(ConflictError, f"journal write lost to a concurrent writer: {exc}", True)
+        if _storage_refused(exc):
+            return BatchFailure(JournalUnavailableError, f"journal not writable: {exc} ({self.path})")
         if isinstance(exc, sqlite3.Error):
             return BatchFailure(StoreError, f"journal write failed: {exc}")
         return BatchFailure(StoreError, f"journal write failed: {exc!r}")
 
-    async def _read(self, what: str, work: Callable[..., _T], *args: Any) -> _T:
+    async def _read(
+        self, what: str, work: Callable[..., _T], *args: Any, on: _Connection | None = None
+    ) -> _T:
         try:
-            return await self._reader.run(work, *args)
+            return await (on or self._reader).run(work, *args)
         except sqlite3.Error as exc:
+            if _storage_refused(exc):
+                raise JournalUnavailableError(f"journal not readable: {what}: {exc} ({self.path})") from exc
             raise StoreError(f"{what} failed: {exc}") from exc
 
     async def get_row(self, uid: str) -> SessionRow | None:
@@ -607,7 +682,7 @@ class _SqliteDialect:
         return await self._read("list sessions", _list_rows, project, after, limit)
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
-        return await self._read("read", _read, uid, from_seq, to_seq)
+        return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
 
     async def anchor(self, uid: str) -> tuple[int, str] | None:
         return await self._read("head", _anchor, uid)
@@ -657,7 +732,7 @@ class _SqliteDialect:
         return int(rows[0][0])
 
     async def close(self) -> None:
-        for connection in (self.writer, self._reader, self._scanner):
+        for connection in (self.writer, self._reader, self._records, self._scanner):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
 
@@ -695,7 +770,7 @@ class SqliteStore(DialectStore):
             writer = await _Connection.open(where, busy_timeout_ms, "writer")
             opened.append(writer)
             await writer.run(_prepare, where, mode)
-            for role in ("reader", "scanner"):
+            for role in ("reader", "records", "scanner"):
                 connection = await _Connection.open(where, busy_timeout_ms, role)
                 opened.append(connection)
                 await connection.run(_fetch_all, "PRAGMA query_only = ON", ())
@@ -738,9 +813,11 @@ def _prepare(db: sqlite3.Connection, path: str, synchronous: str) -> None:
         try:
             app_id, version, tables = _identity(db)
             _check_identity(path, app_id, version, tables)
-            for statements in _MIGRATIONS[version:]:
+            for reached, statements in enumerate(_MIGRATIONS[version:], start=version + 1):
                 for statement in statements:
                     db.execute(statement)
+                if reached == 4 and version > 0:
+                    _project_existing_sessions(db)
             db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
@@ -749,6 +826,20 @@ def _prepare(db: sqlite3.Connection, path: str, synchronous: str) -> None:
             raise
     except sqlite3.Error as exc:
         raise SchemaError(f"cannot initialize SQLite journal {path}: {exc}") from None
+
+
+def _project_existing_sessions(db: sqlite3.Connection) -> None:
+    """Schema 4 on a journal of an earlier version: fold each session's journal into its row
+    (the one time a session's records are read for its execution state)."""
+    sessions = db.execute("SELECT session, fork_seq FROM sessions WHERE exec_projection IS NULL").fetchall()
+    for uid, fork_seq in sessions:
+        events = []
+        for rec in _resolved(db, uid, 1, 0):
+            event = common_pb2.Event()
+            event.ParseFromString(rec[4])
+            events.append(event)
+        projection = execstate.fold(events, fork_seq=int(fork_seq))
+        db.execute("UPDATE sessions SET exec_projection = ? WHERE session = ?", (projection.encode(), uid))
 
 
 def _identity(db: sqlite3.Connection) -> tuple[int, int, list[str]]:

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.health import JournalHealth
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 # compute_state projection values, stored as the reference's domain strings.
@@ -21,6 +23,12 @@ COMPUTE_COLD = "COLD"
 
 class StoreError(Exception):
     """Base class of journal store errors."""
+
+
+class JournalUnavailableError(StoreError):
+    """The journal cannot be written (or read) right now: a read-only or full disk, a file made
+    immutable, a database that refuses this host's writes or cannot be reached. Nothing of the
+    refused write was kept; the same write may succeed once the journal is writable again."""
 
 
 class ConflictError(StoreError):
@@ -63,7 +71,8 @@ class SchemaError(StoreError):
 
 @dataclass(frozen=True)
 class SessionRow:
-    """A session's metadata row. ``last_seq`` and ``compute_state`` are derived by the store."""
+    """A session's metadata row. ``last_seq``, ``compute_state`` and ``exec_projection`` are
+    derived by the store (``exec_projection`` None: the row holds none, derive from the journal)."""
 
     uid: str
     project: str
@@ -80,6 +89,7 @@ class SessionRow:
     update_time_ns: int = 0
     compute_state: str = COMPUTE_NONE
     last_seq: int = 0
+    exec_projection: ExecProjection | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,16 @@ class Head:
 
 class JournalStore(Protocol):
     """Durable session rows and per-session hash-chained journals."""
+
+    @property
+    def health(self) -> JournalHealth:
+        """Whether the journal takes writes, as the last write found (journal.health)."""
+        ...
+
+    async def probe(self) -> None:
+        """One small write: returns once it committed, raises JournalUnavailableError while the
+        journal takes no writes."""
+        ...
 
     async def create_session(self, row: SessionRow) -> SessionRow:
         """Insert a session row (raises SessionExistsError); returns it as stored."""

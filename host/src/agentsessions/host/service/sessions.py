@@ -21,10 +21,11 @@ from agentsessions.host import callcontext
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.controller import Controller
-from agentsessions.host.controller.errors import ControllerError, InvalidArgumentError
+from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.turns import ExecParams
-from agentsessions.host.journal.store import SessionRow, StoreError
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.host.limits import MAX_READABLE_BYTES, Limits
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
@@ -44,7 +45,6 @@ async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Servicer = TypeVar("Servicer")
-_DOMAIN_ERRORS = (ControllerError, StoreError)
 
 
 def _unary(
@@ -56,7 +56,9 @@ def _unary(
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
         try:
             return await method(self, request, callcontext.current())
-        except _DOMAIN_ERRORS as exc:
+        except aio.AbortError:
+            raise
+        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
             await _abort(context, exc)
 
     return handler
@@ -75,7 +77,9 @@ def _streaming(
             async with contextlib.aclosing(method(self, request, callcontext.current())) as items:
                 async for item in items:
                     yield item
-        except _DOMAIN_ERRORS as exc:
+        except aio.AbortError:
+            raise
+        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
             await _abort(context, exc)
 
     return handler
@@ -97,7 +101,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     async def CreateSession(
         self, request: session_pb2.CreateSessionRequest, call: CallContext
     ) -> session_pb2.Session:
-        requested = _requested_row(request.session)
+        requested = _requested_row(request.session, self.controller.limits)
         return session_proto(await self.controller.create_session(requested, call=call))
 
     @_unary
@@ -114,9 +118,17 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         views, token = await self.controller.list_sessions(
             project, request.page_size, request.page_token, call=call
         )
-        return session_pb2.ListSessionsResponse(
-            sessions=[session_proto(x) for x in views], next_page_token=token
-        )
+        page = session_pb2.ListSessionsResponse(next_page_token=token)
+        size = 0
+        for i, view in enumerate(views):
+            session = session_proto(view)
+            size += session.ByteSize() + 8  # the field's tag and length
+            if i > 0 and size > MAX_READABLE_BYTES:
+                # Cut short so a client on gRPC's default 4 MiB limit reads every page.
+                page.next_page_token = self.controller.page_token_after(views[i - 1])
+                break
+            page.sessions.append(session)
+        return page
 
     @_unary
     async def DeleteSession(
@@ -131,7 +143,9 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         self, request: session_pb2.ExecRequest, call: CallContext
     ) -> AsyncGenerator[session_pb2.ExecUpdate | bytes, None]:
         encoded = self.pre_encoded
-        async with self.controller.admit_exec(_exec_params(request), call=call) as turn:
+        async with self.controller.admit_exec(
+            _exec_params(request, self.controller.limits), call=call
+        ) as turn:
             yield session_pb2.ExecUpdate(session=session_proto(turn.view))
             async for update in turn.run():
                 if isinstance(update, common_pb2.LogRecord):
@@ -162,6 +176,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         if not request.HasField("approved"):
             raise InvalidArgumentError("approved", "must be set (true to approve, false to deny)")
         v.bounded("reason", request.reason, v.MAX_VALUE)
+        if request.HasField("identity"):
+            v.identity("identity", request.identity, self.controller.limits.max_identity_bytes)
         decision = Decision(
             request.execution_id,
             request.tool_call_id,
@@ -251,7 +267,7 @@ def _frame_bytes(frame: session_pb2.ExecUpdate | bytes) -> bytes:
     return frame if isinstance(frame, bytes) else frame.SerializeToString()
 
 
-def _requested_row(s: session_pb2.Session) -> SessionRow:
+def _requested_row(s: session_pb2.Session, limits: Limits) -> SessionRow:
     """What the caller may set on a new session, as a row without uid (the host assigns it)."""
     if s.metadata.uid:
         raise InvalidArgumentError("session.metadata.uid", "is assigned by the host; leave it empty")
@@ -269,7 +285,9 @@ def _requested_row(s: session_pb2.Session) -> SessionRow:
         labels=v.string_map("session.labels", s.labels),
         annotations=v.string_map("session.annotations", s.annotations),
         origin=_origin(s),
-        identity=s.identity if s.HasField("identity") else None,
+        identity=v.identity("session.identity", s.identity, limits.max_identity_bytes)
+        if s.HasField("identity")
+        else None,
     )
 
 
@@ -283,11 +301,11 @@ def _origin(s: session_pb2.Session) -> common_pb2.Origin | None:
     return s.origin
 
 
-def _exec_params(r: session_pb2.ExecRequest) -> ExecParams:
+def _exec_params(r: session_pb2.ExecRequest, limits: Limits) -> ExecParams:
     if r.session:
         v.session_uid("session", r.session)
     v.harness_name("harness", r.harness)
-    v.inputs("inputs", list(r.inputs))
+    v.inputs("inputs", list(r.inputs), limits.max_input_bytes)
     v.non_negative("resume_from_seq", r.resume_from_seq)
     v.non_negative("deadline_unix", r.deadline_unix)
     if len(r.config) > v.MAX_CONFIG_BYTES:

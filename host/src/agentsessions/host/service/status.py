@@ -14,6 +14,7 @@ log = logging.getLogger("agentsessions.service")
 # Checked in order: subclasses before their bases.
 _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (js.JournalUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (js.SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
     (ce.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (ce.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
@@ -24,6 +25,9 @@ _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (ce.HarnessUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (ce.DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (ce.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # A record a harness, model or tool produced mid-turn: a harness failure (spec 1.1 Exec 8).
+    (ce.UnrecordableError, grpc.StatusCode.INTERNAL),
     (ce.ExecutionCancelled, grpc.StatusCode.CANCELLED),
     (ce.ReplayDivergedError, grpc.StatusCode.INTERNAL),
     (ce.HarnessRunError, grpc.StatusCode.INTERNAL),

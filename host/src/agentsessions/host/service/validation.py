@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from agentsessions.host import recordable
 from agentsessions.host.controller.errors import InvalidArgumentError
+from agentsessions.host.limits import DEFAULT_LIMITS
 from agentsessions.v1 import common_pb2
 
 MAX_NAME = 256
@@ -65,9 +67,16 @@ def non_negative(field: str, value: int) -> int:
     return value
 
 
-def inputs(field: str, messages: list[common_pb2.Message]) -> list[common_pb2.Message]:
+def inputs(
+    field: str, messages: list[common_pb2.Message], max_bytes: int = DEFAULT_LIMITS.max_input_bytes
+) -> list[common_pb2.Message]:
     if len(messages) > MAX_INPUTS:
         raise InvalidArgumentError(field, f"must hold at most {MAX_INPUTS} messages, got {len(messages)}")
+    size = sum(m.ByteSize() for m in messages)
+    if size > max_bytes:
+        raise InvalidArgumentError(
+            field, f"{size} bytes exceed the input size limit of {max_bytes} bytes (--max-input-bytes)"
+        )
     for i, m in enumerate(messages):
         if not m.role:
             raise InvalidArgumentError(f"{field}[{i}].role", 'is required (for example "user")')
@@ -76,4 +85,24 @@ def inputs(field: str, messages: list[common_pb2.Message]) -> list[common_pb2.Me
         for j, part in enumerate(m.parts):
             if part.WhichOneof("part") is None:
                 raise InvalidArgumentError(f"{field}[{i}].parts[{j}]", "must set one kind of part")
+        found = recordable.fault(m, f"{field}[{i}]")
+        if found is not None:
+            raise InvalidArgumentError(found.path, found.rule)
     return messages
+
+
+def identity(
+    field: str, ident: common_pb2.IdentityRef, max_bytes: int = DEFAULT_LIMITS.max_identity_bytes
+) -> common_pb2.IdentityRef:
+    """An identity's principal, issuer and subject: each within the identity size limit."""
+    for name in ("principal", "issuer", "subject"):
+        value: str = getattr(ident, name)
+        size = len(value.encode())
+        if size > max_bytes:
+            raise InvalidArgumentError(
+                f"{field}.{name}",
+                f"{size} bytes exceed the identity field limit of {max_bytes} bytes (--max-identity-bytes)",
+            )
+        if any(ord(c) < 0x20 for c in value):
+            raise InvalidArgumentError(f"{field}.{name}", "must not contain control characters")
+    return ident

@@ -12,6 +12,10 @@ call's arguments and maps the MCP result into a ToolResult:
 The client lives in one background task (MCP's transport is scoped to the task that opens it);
 ``stop`` ends that task within ``stop_timeout_s`` and the transport's own bounded shutdown stops
 the process (stdin closed, then terminate, then kill).
+
+The server's stderr does not go to the host's own: it is read from a pipe and, since a server may
+quote tool arguments there (user input), logged line by line only at DEBUG, each line marked
+``may_contain_payloads``; above DEBUG the host logs only how much the server wrote.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import asyncio
 import base64
 import binascii
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
+from agentsessions.host import logs
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
 from agentsessions.host.tools.errors import ToolExecutorStartError
 from agentsessions.host.tools.executor import ToolSpec
@@ -101,8 +108,11 @@ class McpExecutor:
         )
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
+        stderr = _StderrRelay(self.name)
+        relay = asyncio.create_task(stderr.run(), name=f"mcp-stderr-{self.name}")
         try:
-            async with Client(self._params, read_timeout_seconds=self._start_timeout_s) as client:
+            transport = stdio_client(self._params, errlog=stderr.writer)
+            async with Client(transport, read_timeout_seconds=self._start_timeout_s) as client:
                 self._tools = await _list_tools(client)
                 self._client = client
                 ready.set_result(None)
@@ -112,11 +122,23 @@ class McpExecutor:
             if not ready.done():
                 ready.set_exception(exc)
             else:
-                log.warning("mcp server %s stopped unexpectedly: %s", self.name, type(exc).__name__)
+                log.warning(
+                    "mcp server %s stopped unexpectedly: %s (%d stderr lines, %d bytes; "
+                    "--log-level debug shows them)",
+                    self.name,
+                    type(exc).__name__,
+                    stderr.lines,
+                    stderr.bytes,
+                )
         finally:
             self._client = None
             if not ready.done():
                 ready.cancel()
+            # The server has exited: with our write end closed too, the relay reads to the end.
+            stderr.writer.close()
+            _, pending = await asyncio.wait({relay}, timeout=self._stop_timeout_s)
+            for task in pending:
+                task.cancel()
 
     async def stop(self) -> None:
         """Stop the server; bounded by ``stop_timeout_s`` (then the task is cancelled)."""
@@ -153,6 +175,47 @@ class McpExecutor:
         result = result_from_mcp(outcome)
         result.id = call.id
         return result
+
+
+class _StderrRelay:
+    """An MCP server's stderr, through a pipe into the host's log at DEBUG (payloads marked)."""
+
+    # Longer lines are cut in the log (a server may dump whole documents).
+    MAX_LINE = 2000
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        read_fd, write_fd = os.pipe()
+        self._reader = os.fdopen(read_fd, "rb", buffering=0)
+        # What the child's stderr is duplicated from; closed here once the child is gone.
+        self.writer = os.fdopen(write_fd, "w")
+        self.lines = 0
+        self.bytes = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader(limit=1 << 20, loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream, loop=loop), self._reader
+        )
+        try:
+            while True:
+                try:
+                    line = await stream.readline()
+                except ValueError:  # a line longer than the stream's limit: take what is there
+                    line = await stream.read(1 << 20)
+                if not line:
+                    return
+                self.lines += 1
+                self.bytes += len(line)
+                if log.isEnabledFor(logging.DEBUG):
+                    text = line.decode("utf-8", errors="replace").rstrip("\n")[: self.MAX_LINE]
+                    log.debug(
+                        "mcp server stderr",
+                        extra=logs.fields(server=self.name, line=text, may_contain_payloads=True),
+                    )
+        finally:
+            transport.close()
 
 
 async def _list_tools(client: Client) -> list[ToolSpec]:

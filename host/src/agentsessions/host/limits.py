@@ -1,0 +1,168 @@
+"""The host's limits: how big a request or a record may be, and how many executions run at once.
+
+Each limit is a ``serve`` flag (and its ``AGENTSESSIONS_*`` variable) with a default that keeps
+every answer readable by a client on gRPC's default 4 MiB message size:
+
+* ``--max-identity-bytes``: each of an identity's principal, issuer and subject (UTF-8 bytes);
+* ``--max-input-bytes``: an Exec's inputs together (encoded size);
+* ``--max-record-bytes``: one journal record's event (encoded size), whoever produced it: a
+  harness frame, a model answer or a tool result over it fails the turn with RESOURCE_EXHAUSTED
+  and an ERROR record, and nothing a default client cannot read back is ever journaled;
+* ``--max-executions`` / ``--max-project-executions``: turns driven at once on this host, in all
+  and per project; one more is refused with RESOURCE_EXHAUSTED before anything is written.
+
+Request limits answer INVALID_ARGUMENT naming the field and the flag; capacity limits answer
+RESOURCE_EXHAUSTED naming the flag (docs/errors.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from agentsessions.host.controller.errors import ResourceExhaustedError
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "MAX_READABLE_BYTES",
+    "ExecutionSlots",
+    "Limits",
+    "LimitsError",
+    "add_arguments",
+]
+
+# What a client on gRPC's default receive limit reads in one message, less room for the envelope
+# around a record (ExecUpdate, LogRecord: seq, hashes, fence) or around a page of sessions.
+CLIENT_DEFAULT_BYTES: Final = 4 * 1024 * 1024
+ENVELOPE_BYTES: Final = 64 * 1024
+MAX_READABLE_BYTES: Final = CLIENT_DEFAULT_BYTES - ENVELOPE_BYTES
+
+_ENV_PREFIX: Final = "AGENTSESSIONS_"
+
+
+class LimitsError(ValueError):
+    """A limit's value breaks a rule; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class _Flag:
+    flag: str
+    attr: str
+    default: int
+    what: str
+
+
+_FLAGS: Final = (
+    _Flag(
+        "--max-identity-bytes", "max_identity_bytes", 1024, "each identity field (principal, issuer, subject)"
+    ),
+    _Flag("--max-input-bytes", "max_input_bytes", 1024 * 1024, "an Exec's inputs together"),
+    _Flag("--max-record-bytes", "max_record_bytes", MAX_READABLE_BYTES, "one journal record"),
+    _Flag("--max-executions", "max_executions", 512, "executions running at once on this host"),
+    _Flag(
+        "--max-project-executions", "max_project_executions", 256, "executions running at once per project"
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits one host enforces (see the module docstring); defaults are the flags' defaults."""
+
+    max_identity_bytes: int = 1024
+    max_input_bytes: int = 1024 * 1024
+    max_record_bytes: int = MAX_READABLE_BYTES
+    max_executions: int = 512
+    max_project_executions: int = 256
+
+    def __post_init__(self) -> None:
+        for spec in _FLAGS:
+            value = getattr(self, spec.attr)
+            if value < 1:
+                raise LimitsError(f"{spec.flag} {value} must be at least 1")
+        if self.max_record_bytes > MAX_READABLE_BYTES:
+            raise LimitsError(
+                f"--max-record-bytes {self.max_record_bytes} must be at most {MAX_READABLE_BYTES}: "
+                "a client on gRPC's default 4 MiB limit could not read a larger record back"
+            )
+        if self.max_input_bytes > self.max_record_bytes:
+            raise LimitsError(
+                f"--max-input-bytes {self.max_input_bytes} must not exceed --max-record-bytes "
+                f"{self.max_record_bytes}: each input is journaled as one record"
+            )
+        if self.max_project_executions > self.max_executions:
+            raise LimitsError(
+                f"--max-project-executions {self.max_project_executions} must not exceed "
+                f"--max-executions {self.max_executions}"
+            )
+
+    @classmethod
+    def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Limits:
+        """Each limit from its flag, else ``AGENTSESSIONS_<NAME>``, else the default."""
+        values: dict[str, int] = {}
+        for spec in _FLAGS:
+            given: str | None = getattr(args, spec.attr, None)
+            text = (
+                given
+                if given is not None
+                else environ.get(_ENV_PREFIX + spec.attr.upper(), str(spec.default))
+            )
+            try:
+                values[spec.attr] = int(text)
+            except ValueError:
+                raise LimitsError(f"{spec.flag} {text!r} is not an integer") from None
+        return cls(**values)
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The limit flags of ``serve``."""
+    for spec in _FLAGS:
+        unit = "" if "executions" in spec.attr else " bytes"
+        parser.add_argument(
+            spec.flag,
+            metavar="N",
+            help=f"at most N{unit} for {spec.what} (env {_ENV_PREFIX}{spec.attr.upper()}; "
+            f"default {spec.default})",
+        )
+
+
+@dataclass
+class ExecutionSlots:
+    """Executions running on this host, in all and per project, bounded by the limits."""
+
+    limits: Limits = DEFAULT_LIMITS
+    running: int = 0
+    by_project: dict[str, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def hold(self, project: str) -> Iterator[None]:
+        """Take one slot for ``project`` while the block runs; ResourceExhaustedError at once
+        when the host or the project is at its limit (nothing waits)."""
+        if self.running >= self.limits.max_executions:
+            raise ResourceExhaustedError(
+                f"{self.running} executions are running on this host, the limit "
+                f"(--max-executions {self.limits.max_executions}); retry when one ends"
+            )
+        mine = self.by_project.get(project, 0)
+        if mine >= self.limits.max_project_executions:
+            raise ResourceExhaustedError(
+                f"{mine} executions of project {project!r} are running on this host, the limit "
+                f"(--max-project-executions {self.limits.max_project_executions}); retry when one ends"
+            )
+        self.running += 1
+        self.by_project[project] = mine + 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            left = self.by_project[project] - 1
+            if left:
+                self.by_project[project] = left
+            else:
+                del self.by_project[project]
