@@ -17,6 +17,7 @@ from typing import Final, TypeVar
 
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
+from agentsessions.host.journal.live_memory import LiveTables, MemoryLiveStatements
 from agentsessions.host.journal.rules import (
     ChainCheck,
     NewSession,
@@ -49,6 +50,7 @@ class _Memory:
     journals: dict[str, list[StoredRecord]] = field(default_factory=dict)
     harnesses: dict[str, bytes] = field(default_factory=dict)
     receipts: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    live: LiveTables = field(default_factory=LiveTables)  # leases, idempotency keys, queued turns
 
     def records(self, uid: str) -> list[StoredRecord]:
         return self.journals.get(uid, [])
@@ -90,7 +92,7 @@ def _own_row(row: SessionRow) -> SessionRow:
     )
 
 
-class _MemoryTransaction:
+class _MemoryTransaction(MemoryLiveStatements):
     """Statements on the dicts. Nobody else writes them, so the head cache is always good."""
 
     def __init__(self, memory: _Memory) -> None:
