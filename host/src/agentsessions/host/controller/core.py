@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentsessions.host.controller.access import SessionAccess
+from agentsessions.host.controller.admission import Admission
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.drive import Driver
 from agentsessions.host.controller.guard import SessionGuards
@@ -37,3 +38,5 @@ class Core:
     default_project: str
     purge_on_delete: bool
     cancel_grace_s: float
+    # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
+    admission: Admission

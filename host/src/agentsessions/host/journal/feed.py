@@ -118,7 +118,8 @@ class Subscription:
         self.close()
 
 
-# Called for every item of every session (the controller's queue hints and cancel wake-ups).
+# Called for every announcement about any session other than records and deltas (the
+# controller's queue hints and cancel wake-ups).
 FeedListener = Callable[[str, FeedItem], None]
 
 
@@ -163,10 +164,11 @@ class JournalFeed:
     def appended(self, uid: str, records: Sequence[common_pb2.LogRecord]) -> None:
         """Records this process made durable, in seq order."""
         subs = self._subs.get(uid)
-        if not subs and not self._listeners:
+        if not subs:
             return
-        for record in records:
-            self._publish(uid, record)
+        for sub in tuple(subs):
+            for record in records:
+                sub.put(record)
 
     def head_moved(self, uid: str, seq: int) -> None:
         self._publish(uid, HeadMoved(seq))

@@ -439,7 +439,10 @@ class LiveStore:
                 queued = dataclasses.replace(key, state=QUEUED, session=uid, execution_id=execution_id)
                 found = await live.key_add(queued, now)
                 if found is not None:
-                    raise IdempotencyKeyTaken(found)
+                    reserved_for_this = found.state == PENDING and found.execution_id == execution_id
+                    if not reserved_for_this or found.digest != key.digest:
+                        raise IdempotencyKeyTaken(found)
+                    await live.key_put(queued)
             return await live.queue_insert(uid, execution_id, request, submitter, now)
 
         entry = await self._run("queue turn", body)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
-from agentsessions.host.journal.live_memory import LiveTables, MemoryLiveStatements
+from agentsessions.host.journal.live_memory import LiveTables, MemoryLiveStatements, SessionState
 from agentsessions.host.journal.rules import (
     ChainCheck,
     NewSession,
@@ -97,6 +97,12 @@ class _MemoryTransaction(MemoryLiveStatements):
 
     def __init__(self, memory: _Memory) -> None:
         self._m = memory
+
+    def _live_tables(self) -> LiveTables:
+        return self._m.live
+
+    def _session_states(self) -> Mapping[str, SessionState]:
+        return self._m.sessions
 
     async def foreign_writes(self) -> bool:
         return False
