@@ -2,14 +2,16 @@
 
 Two ``agentsessions serve`` replicas share a database and dial one harness process. The local
 guard cannot see across processes; fences minted at the expected head plus CAS on every append
-keep a single writer per session: of two racing turns exactly one proceeds, a superseded writer
-is fenced, and a session started on one replica continues on the other.
+keep a single writer per session: of two racing turns exactly one proceeds, a turn running on one
+replica is busy on the other (its lease), a replica that stops renewing its lease loses the turn to
+the other and is fenced, and a session started on one replica continues on the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -121,24 +123,75 @@ async def test_concurrent_exec_through_both_replicas_lets_exactly_one_proceed(
         assert len(ends) == 1
 
 
-async def test_a_superseded_writer_is_fenced(replicas: list[HostProcess], pg_url: str) -> None:
+async def test_a_turn_running_on_one_replica_is_busy_on_the_other(replicas: list[HostProcess]) -> None:
+    """The lease says who runs the turn: the other replica answers ABORTED, as the same host would,
+    instead of superseding a live writer and leaving its execution without an END."""
     a, b = replicas
     uid = await create(a)
     slow = a.sessions.Exec(turn(uid, "slow", delay_s=3.0))
     first = [await slow.read() for _ in range(3)]  # session frame, EXECUTION_START, INPUT: durable
     assert first[1].record.event.kind == K.EVENT_EXECUTION_START
-    taken = await run(b, turn(uid, "takeover"))
-    assert taken[-1].record.event.kind == K.EVENT_END
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        while await slow.read() != grpc.aio.EOF:
-            pass
+        await run(b, turn(uid, "takeover"))
     assert err.value.code() == grpc.StatusCode.ABORTED
+    assert "busy with a turn that runs on host" in (err.value.details() or "")
+    rest = []
+    while (update := await slow.read()) != grpc.aio.EOF:
+        rest.append(update)
+    assert rest[-1].record.event.kind == K.EVENT_END
+
+
+@pytest.fixture
+async def short_lease_replicas(
+    pg_url: str, slow_harness: HarnessProcess, tmp_path: Path
+) -> AsyncIterator[list[HostProcess]]:
+    args = ["--harness", f"slow={slow_harness.address}", "--lease-ttl", "1"]
+    hosts = [HostProcess(pg_url, tmp_path, args, name=name) for name in ("host-a", "host-b")]
+    try:
+        for h in hosts:
+            await h.start()
+        yield hosts
+    finally:
+        for h in hosts:
+            if h.process is not None and h.process.returncode is None:
+                h.process.send_signal(signal.SIGCONT)
+            await h.close()
+
+
+async def test_a_frozen_writer_is_recovered_elsewhere_and_fenced(
+    short_lease_replicas: list[HostProcess], pg_url: str
+) -> None:
+    """A replica that stops renewing its lease (frozen here with SIGSTOP) loses the turn: the other
+    recovers it from the journal under a newer fence, and the frozen one, thawed, is refused."""
+    a, b = short_lease_replicas
+    uid = await create(a)
+    slow = a.sessions.Exec(turn(uid, "slow", delay_s=3.0))
+    first = [await slow.read() for _ in range(3)]  # session frame, EXECUTION_START, INPUT: durable
+    start = first[1].record
+    assert start.event.kind == K.EVENT_EXECUTION_START
+    assert a.process is not None
+    a.process.send_signal(signal.SIGSTOP)
     store = await open_store(pg_url)
     try:
+        async with asyncio.timeout(60):
+            while True:  # B's recoverer takes the expired lease and finishes the turn
+                records = await store.read(uid)
+                if any(r.event.kind == K.EVENT_END for r in records):
+                    break
+                await asyncio.sleep(0.1)
+        a.process.send_signal(signal.SIGCONT)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while await slow.read() != grpc.aio.EOF:
+                pass
+        assert err.value.code() == grpc.StatusCode.ABORTED
         records = await store.read(uid)
         assert await store.verify(uid) == len(records)
     finally:
         await store.close()
+    ends = [r for r in records if r.event.kind == K.EVENT_END]
+    assert len(ends) == 1 and ends[0].event.execution_id == start.event.execution_id
+    assert ends[0].event.end.state == "COMPLETED"
     texts = [p.text.text for r in records if r.event.kind == K.EVENT_OUTPUT for p in r.event.message.parts]
-    assert texts == ["echo:takeover"]
-    assert records[2].fence > records[0].fence  # B's incarnation superseded A's
+    assert texts == ["echo:slow"]
+    assert records[-1].event.lifecycle.kind == common_pb2.Lifecycle.LIFECYCLE_RESUME
+    assert ends[0].fence > start.fence  # B's incarnation superseded A's
