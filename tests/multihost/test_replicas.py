@@ -163,7 +163,7 @@ async def test_a_frozen_writer_is_recovered_elsewhere_and_fenced(
 ) -> None:
     """A replica that stops renewing its lease (frozen here with SIGSTOP) loses the turn: the other
     recovers it from the journal under a newer fence, and the frozen one, thawed, is refused."""
-    a, b = short_lease_replicas
+    a, _ = short_lease_replicas
     uid = await create(a)
     slow = a.sessions.Exec(turn(uid, "slow", delay_s=3.0))
     first = [await slow.read() for _ in range(3)]  # session frame, EXECUTION_START, INPUT: durable

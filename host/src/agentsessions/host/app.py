@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from grpc import aio
 
+from agentsessions.ext.v1 import live_pb2_grpc
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
@@ -42,7 +43,6 @@ from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, Trac
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
-from agentsessions.ext.v1 import live_pb2_grpc
 from agentsessions.v1 import harness_registry_pb2_grpc, session_pb2_grpc
 
 # The host's own authority, for what it does with no caller (queued turns): never a token's.

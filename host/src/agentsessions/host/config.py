@@ -306,7 +306,9 @@ def _live_from_sources(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     return _LiveOptions(
         recover=mode == "on",
         recover_attempts=attempts,
-        recover_backoff_seconds=number("--recover-backoff", "recover_backoff", DEFAULT_RECOVER_BACKOFF_SECONDS),
+        recover_backoff_seconds=number(
+            "--recover-backoff", "recover_backoff", DEFAULT_RECOVER_BACKOFF_SECONDS
+        ),
         lease_ttl_seconds=number("--lease-ttl", "lease_ttl", DEFAULT_LEASE_TTL_SECONDS),
         idempotency_retention_seconds=number(
             "--idempotency-retention", "idempotency_retention", DEFAULT_IDEMPOTENCY_RETENTION_SECONDS

@@ -69,7 +69,12 @@ class Admission:
         return None
 
     async def prepare(
-        self, core: Core, row: SessionRow, p: ExecParams, events: list[common_pb2.Event], interrupted: Execution | None
+        self,
+        core: Core,
+        row: SessionRow,
+        p: ExecParams,
+        events: list[common_pb2.Event],
+        interrupted: Execution | None,
     ) -> tuple[list[common_pb2.Event], int]:
         """Under the guard: the journal the turn starts from and the head its EXECUTION_START extends."""
         return events, p.expected_last_seq if p.expected_last_seq is not None else len(events)
@@ -135,14 +140,20 @@ class LiveAdmission(Admission):
         return latest
 
     async def prepare(
-        self, core: Core, row: SessionRow, p: ExecParams, events: list[common_pb2.Event], interrupted: Execution | None
+        self,
+        core: Core,
+        row: SessionRow,
+        p: ExecParams,
+        events: list[common_pb2.Event],
+        interrupted: Execution | None,
     ) -> tuple[list[common_pb2.Event], int]:
         if interrupted is None or self._recover is None:
             return await super().prepare(core, row, p, events, interrupted)
         # The caller's CAS is against the journal it saw: before the recovery appends to it.
         if p.expected_last_seq is not None and p.expected_last_seq != len(events):
             raise ConcurrencyError(
-                f"expected_last_seq {p.expected_last_seq} does not match head {len(events)} of session {row.uid}"
+                f"expected_last_seq {p.expected_last_seq} does not match head {len(events)} "
+                f"of session {row.uid}"
             )
         await self._recover(core, row, interrupted)
         events = await core.cache.events(row.uid)

@@ -79,7 +79,9 @@ class Controller:
             leases = LeaseSettings(live.lease_ttl_s, live.recover, live.backoff_s)
             keeper = LeaseKeeper(live_store, running, leases, cancel_grace_s=cancel_grace_s)
             driver = LeasedDriver(running, keeper)
-            admission = LiveAdmission(live_store, keeper, recover=self._recover_first if live.recover else None)
+            admission = LiveAdmission(
+                live_store, keeper, recover=self._recover_first if live.recover else None
+            )
         self._core = Core(
             store=store,
             cache=cache,
@@ -145,7 +147,9 @@ class Controller:
     # -- turns, recovery, replay ----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admit_exec(self, p: ExecParams, *, call: CallContext = ANONYMOUS) -> AsyncIterator[AdmittedTurn]:
+    async def admit_exec(
+        self, p: ExecParams, *, call: CallContext = ANONYMOUS
+    ) -> AsyncIterator[AdmittedTurn]:
         """Route an Exec; errors raised here precede any frame. The session is guarded while the
         returned turn is alive."""
         if self.live is not None:

@@ -163,7 +163,9 @@ class DetachedTurns:
         task.add_done_callback(self._tasks.discard)
         return run
 
-    async def start(self, p: ExecParams, call: CallContext) -> tuple[SessionView, common_pb2.LogRecord | None]:
+    async def start(
+        self, p: ExecParams, call: CallContext
+    ) -> tuple[SessionView, common_pb2.LogRecord | None]:
         """Admit ``p`` detached; once its EXECUTION_START is durable, the session at admission and
         that record (None for a turn that journaled none, a recovery). Admission errors raise."""
         run = self.launch(p, call)
@@ -328,7 +330,8 @@ class Submitter:
         if on_busy == "enqueue" and p.expected_last_seq is not None:
             raise InvalidArgumentError(
                 "exec.expected_last_seq",
-                "cannot be combined with on_busy ON_BUSY_ENQUEUE: a queued turn starts at a head not known yet",
+                "cannot be combined with on_busy ON_BUSY_ENQUEUE: "
+                "a queued turn starts at a head not known yet",
             )
         ticket = Ticket(key=key)
         if p.session and on_busy != "reject":

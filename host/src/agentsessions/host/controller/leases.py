@@ -65,7 +65,11 @@ class Owner:
         except OSError:
             namespace = ""
         # Without a pid namespace a pid says nothing certain: no lease is ever judged dead by it.
-        prefix = f"{socket.gethostname()}/{namespace}/" if namespace else f"{socket.gethostname()}/?{secrets.token_hex(4)}/"
+        prefix = (
+            f"{socket.gethostname()}/{namespace}/"
+            if namespace
+            else f"{socket.gethostname()}/?{secrets.token_hex(4)}/"
+        )
         return cls(f"{prefix}{os.getpid()}/{secrets.token_hex(4)}", prefix)
 
     def is_dead(self, other: str) -> bool:
@@ -158,6 +162,8 @@ class LeaseKeeper:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
+        if self._stopping:
+            await asyncio.wait(list(self._stopping), timeout=self._cancel_grace_s)
 
     def _heard(self, uid: str, item: FeedItem) -> None:
         if isinstance(item, CancelRequested) and self.held(uid, item.execution_id):
@@ -228,9 +234,15 @@ class LeaseKeeper:
         self.on_ended(uid)
 
     async def ended(self, uid: str, execution_id: str) -> None:
-        """END (or Cancel) is journaled: nothing is left to recover."""
+        """END (or Cancel) is journaled: nothing is left to recover. The lease goes in the
+        background, so the session is free at once (a lease left behind by a crash meanwhile
+        names an execution with an END, which the recoverer drops)."""
         self._forget(uid, execution_id)
-        await self._quietly("drop", lambda: self.live.drop_lease(uid, execution_id, self.owner.name))
+        dropping = asyncio.get_running_loop().create_task(
+            self._quietly("drop", lambda: self.live.drop_lease(uid, execution_id, self.owner.name))
+        )
+        self._stopping.add(dropping)
+        dropping.add_done_callback(self._stopping.discard)
 
     async def parked(self, uid: str, execution_id: str, seen_seq: int) -> None:
         """The turn waits at an approval gate: recovered once the gate is decided."""

@@ -51,9 +51,16 @@ from agentsessions.host.controller.recoverer import (
 from agentsessions.host.controller.sessions import new_session_uid
 from agentsessions.host.controller.state import SessionView, open_gate
 from agentsessions.host.controller.turns import ExecParams, Update
-from agentsessions.host.controller.watch import DEFAULT_POLL_S, FollowItem, Views, WatchItem, follow_execution, watch
-from agentsessions.host.journal.feed import FeedItem, QueueChanged
+from agentsessions.host.controller.watch import (
+    DEFAULT_POLL_S,
+    FollowItem,
+    Views,
+    WatchItem,
+    follow_execution,
+    watch,
+)
 from agentsessions.host.journal import POSTGRES_SCHEMES
+from agentsessions.host.journal.feed import FeedItem, QueueChanged
 from agentsessions.host.journal.live import DONE, QUEUED, IdempotencyKeyTaken, KeyRecord, LiveStore
 from agentsessions.host.journal.live_postgres import PostgresListener
 from agentsessions.host.journal.store import SessionExistsError, SessionRow
@@ -126,7 +133,12 @@ class LiveSessions:
     """The live parts of one host's controller (see the module doc)."""
 
     def __init__(
-        self, core: Core, live: LiveStore, keeper: LeaseKeeper, admission: LiveAdmission, settings: LiveSettings
+        self,
+        core: Core,
+        live: LiveStore,
+        keeper: LeaseKeeper,
+        admission: LiveAdmission,
+        settings: LiveSettings,
     ) -> None:
         self.core = core
         self.live = live
@@ -247,8 +259,12 @@ class LiveSessions:
         its execution id, with the key for the admission to record."""
         if not p.session:
             with contextlib.suppress(SessionExistsError):
-                await sessions.create(self.core, call, SessionRow(uid=held.session, project="", harness=p.harness))
-        return dataclasses.replace(p, session=held.session, execution_id=held.execution_id, ticket=Ticket(key=held))
+                await sessions.create(
+                    self.core, call, SessionRow(uid=held.session, project="", harness=p.harness)
+                )
+        return dataclasses.replace(
+            p, session=held.session, execution_id=held.execution_id, ticket=Ticket(key=held)
+        )
 
     async def _replayed(self, held: KeyRecord, call: CallContext) -> AdmittedTurn:
         """The execution a DONE key names, streamed from its first record (live while it runs)."""
@@ -260,7 +276,9 @@ class LiveSessions:
         )
         return _Following(view, follow)
 
-    async def follow_original(self, asked: KeyRecord, call: CallContext, refusal: BaseException) -> AdmittedTurn:
+    async def follow_original(
+        self, asked: KeyRecord, call: CallContext, refusal: BaseException
+    ) -> AdmittedTurn:
         """A retry met its original still being admitted (the session busy, the key taken): wait
         (bounded) for the original's EXECUTION_START, then follow it; else the refusal stands."""
         deadline = time.monotonic() + ORIGINAL_WAIT_S
@@ -335,7 +353,13 @@ class LiveSessions:
             return await sessions.look(self.core, call, held.session)
 
     async def fork(self, uid: str, p: ForkParams, call: CallContext) -> list[SessionView]:
-        parts: list[Part] = [uid, p.at_seq, p.count, *p.child_names, json.dumps(dict(p.labels), sort_keys=True)]
+        parts: list[Part] = [
+            uid,
+            p.at_seq,
+            p.count,
+            *p.child_names,
+            json.dumps(dict(p.labels), sort_keys=True),
+        ]
         asked = self.keys.request(call, "Fork", parts)
         if asked is None or p.count > MAX_FORK_CHILDREN:
             return await fork.fork(self.core, call, uid, p)  # (the count is refused there)
@@ -369,7 +393,15 @@ class LiveSessions:
     async def approve(
         self, uid: str, d: Decision, call: CallContext
     ) -> tuple[SessionView, common_pb2.LogRecord]:
-        parts: list[Part] = [uid, d.execution_id, d.tool_call_id, d.request_seq, d.approved, d.reason, d.identity]
+        parts: list[Part] = [
+            uid,
+            d.execution_id,
+            d.tool_call_id,
+            d.request_seq,
+            d.approved,
+            d.reason,
+            d.identity,
+        ]
         asked = self.keys.request(call, "Approve", parts)
         if asked is None:
             return await approvals.approve(self.core, call, uid, d)

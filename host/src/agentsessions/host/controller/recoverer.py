@@ -98,7 +98,9 @@ async def recover_held(
     keeper.adopted(uid, ex.id)
     try:
         if claimed.attempts > settings.attempts:
-            why = lease.last_error if lease is not None and lease.last_error else "the host running it stopped"
+            why = (
+                lease.last_error if lease is not None and lease.last_error else "the host running it stopped"
+            )
             await give_up(core, keeper, row, ex, f"gave up after {claimed.attempts - 1} attempts: {why}")
             return "gave up"
         events, executions = await sessions.read(core, row)
@@ -210,9 +212,8 @@ class Recoverer:
             where = (lease.session, lease.execution_id)
             if where in self._working or self.keeper.held(*where):
                 continue
-            if lease.state == RUNNING and lease.expires_at_ns > now:
-                if lease.owner == owner.name or not await asyncio.to_thread(owner.is_dead, lease.owner):
-                    continue  # a live owner of this machine
+            if lease.state == RUNNING and lease.expires_at_ns > now and not await self._dead(lease.owner):
+                continue  # a live owner of this machine
             task = asyncio.get_running_loop().create_task(self._one(lease))
             self._working[where] = task
             task.add_done_callback(lambda _, where=where: self._working.pop(where, None))  # type: ignore[misc]
@@ -220,6 +221,10 @@ class Recoverer:
             self._on_idle(uid)
         if self._purge_keys is not None and self.scans % PURGE_EVERY == 1:
             await self._purge_keys()
+
+    async def _dead(self, owner: str) -> bool:
+        mine = self.keeper.owner
+        return owner != mine.name and await asyncio.to_thread(mine.is_dead, owner)
 
     async def _one(self, lease: Lease) -> None:
         uid, execution_id = lease.session, lease.execution_id
@@ -232,7 +237,9 @@ class Recoverer:
             what = logs.fields(session=uid, execution_id=execution_id, error=type(exc).__name__)
             log.info("recovery attempt failed", extra=what)
         except Exception:
-            log.exception("recovery attempt failed", extra=logs.fields(session=uid, execution_id=execution_id))
+            log.exception(
+                "recovery attempt failed", extra=logs.fields(session=uid, execution_id=execution_id)
+            )
         finally:
             self._on_idle(uid)
 
@@ -251,20 +258,26 @@ class Recoverer:
         async with core.guards.hold(uid):
             events, executions = await sessions.read(core, row)
             ex = next((e for e in executions if e.id == execution_id), None)
-            if ex is None or ex.completed or ex is not latest_execution(executions) or ex.legacy or ex.inherited:
+            if (
+                ex is None
+                or ex.completed
+                or ex is not latest_execution(executions)
+                or ex.legacy
+                or ex.inherited
+            ):
                 await live.drop_lease(uid, execution_id)
                 return
             if explicitly_suspended(events, executions):
                 await live.drop_lease(uid, execution_id)
                 return
             gate = open_gate(events, executions)
-            if gate is not None and not gate.decided and gate.request_seq != 0:
-                if not await approvals.settle(core, row):
-                    await live.release(
-                        Lease(uid, execution_id, PARKED, "", 0, lease.attempts, seen_seq=len(events)),
-                        self.keeper.owner.name,
-                    )
-                    return
+            undecided = gate is not None and not gate.decided and gate.request_seq != 0
+            if undecided and not await approvals.settle(core, row):
+                await live.release(
+                    Lease(uid, execution_id, PARKED, "", 0, lease.attempts, seen_seq=len(events)),
+                    self.keeper.owner.name,
+                )
+                return
             outcome = await recover_held(core, self.keeper, self.settings, row, ex, lease)
             if outcome != "parked":
                 self.recovered += 1

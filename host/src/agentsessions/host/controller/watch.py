@@ -289,7 +289,9 @@ def _raise_ending(end: common_pb2.HarnessEnd) -> None:
     raise HarnessRunError(description)
 
 
-async def _standing(core: Core, live: LiveStore, call: CallContext, uid: str, execution_id: str) -> SessionView | None:
+async def _standing(
+    core: Core, live: LiveStore, call: CallContext, uid: str, execution_id: str
+) -> SessionView | None:
     """How a followed execution without an END stands: the final Session frame when it is parked
     at an approval; raises when nothing will ever finish it; None while it runs or will be recovered."""
     row = await sessions.row(core, call, uid)

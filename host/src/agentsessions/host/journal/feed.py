@@ -61,7 +61,9 @@ class CancelRequested:
     execution_id: str
 
 
-FeedItem = common_pb2.LogRecord | session_pb2.Delta | HeadMoved | SessionDeleted | QueueChanged | CancelRequested
+FeedItem = (
+    common_pb2.LogRecord | session_pb2.Delta | HeadMoved | SessionDeleted | QueueChanged | CancelRequested
+)
 
 
 class Subscription:

@@ -130,7 +130,8 @@ _TRIGGERS: Final = (
     (
         "agentsessions_live_queue",
         "live_queue",
-        "AFTER INSERT OR DELETE ON live_queue FOR EACH ROW EXECUTE FUNCTION agentsessions_live_queue_changed()",
+        "AFTER INSERT OR DELETE ON live_queue "
+        "FOR EACH ROW EXECUTE FUNCTION agentsessions_live_queue_changed()",
     ),
     (
         "agentsessions_live_cancel",
@@ -313,7 +314,9 @@ class PostgresLiveStatements:
 
     async def key_get(self, scope: str, key: str) -> KeyRecord | None:
         rec = await self._conn.fetchrow(
-            f"SELECT {_KEY_COLUMNS} FROM live_idempotency WHERE scope = $1 AND key = $2 FOR UPDATE", scope, key
+            f"SELECT {_KEY_COLUMNS} FROM live_idempotency WHERE scope = $1 AND key = $2 FOR UPDATE",
+            scope,
+            key,
         )
         return None if rec is None else _key(rec)
 

@@ -155,7 +155,9 @@ class SqliteLiveStatements:
         return True
 
     async def lease_delete(self, uid: str, execution_id: str) -> None:
-        self._db.execute("DELETE FROM live_leases WHERE session = ? AND execution_id = ?", (uid, execution_id))
+        self._db.execute(
+            "DELETE FROM live_leases WHERE session = ? AND execution_id = ?", (uid, execution_id)
+        )
 
     async def leases_of(self, uid: str) -> list[Lease]:
         recs = self._db.execute(
