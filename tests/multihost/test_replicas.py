@@ -18,6 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agentsessions.client import SessionsClient
+from agentsessions.ext.v1 import live_pb2
 from agentsessions.host.journal import open_store
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.support.host import text_input
@@ -195,3 +197,57 @@ async def test_a_frozen_writer_is_recovered_elsewhere_and_fenced(
     assert texts == ["echo:slow"]
     assert records[-1].event.lifecycle.kind == common_pb2.Lifecycle.LIFECYCLE_RESUME
     assert ends[0].fence > start.fence  # B's incarnation superseded A's
+
+
+async def test_a_watcher_on_one_replica_sees_the_turns_of_the_other(replicas: list[HostProcess]) -> None:
+    """Replica B follows a session whose turns replica A runs (PostgreSQL LISTEN/NOTIFY tells B)."""
+    a, b = replicas
+    uid = await create(a)
+    watched: list[live_pb2.WatchUpdate] = []
+    async with SessionsClient.connect(b.address) as watcher:
+
+        async def follow() -> None:
+            async for update in watcher.watch(uid):
+                watched.append(update)
+                if update.HasField("record") and update.record.seq == 10:
+                    return
+
+        following = asyncio.create_task(follow())
+        await run(a, turn(uid, "one"))
+        await run(a, turn(uid, "two", delay_s=0.2))
+        async with asyncio.timeout(60):
+            await following
+    async with SessionsClient.connect(a.address) as client:
+        journal = [r async for r in client.replay(uid)]
+    assert [u.record for u in watched if u.HasField("record")] == journal
+    states = [u.session.exec_state for u in watched if u.HasField("session")]
+    assert states[0] == session_pb2.EXEC_PENDING and session_pb2.EXEC_RUNNING in states
+
+
+async def test_a_turn_queued_on_one_replica_runs_after_the_turn_of_the_other(
+    replicas: list[HostProcess],
+) -> None:
+    a, b = replicas
+    uid = await create(a)
+    slow = a.sessions.Exec(turn(uid, "first", delay_s=1.0))
+    assert (await slow.read()).WhichOneof("update") == "session"
+    assert (await slow.read()).record.event.kind == K.EVENT_EXECUTION_START
+    async with SessionsClient.connect(b.address) as client:
+        queued = await client.live.Submit(
+            live_pb2.SubmitRequest(exec=turn(uid, "second"), on_busy=live_pb2.ON_BUSY_ENQUEUE)
+        )
+        assert queued.queued
+        while await slow.read() != grpc.aio.EOF:
+            pass
+        ends = 0
+        async with asyncio.timeout(60):
+            async for update in client.watch(uid):
+                if update.HasField("record") and update.record.event.kind == K.EVENT_END:
+                    ends += 1
+                    if ends == 2:
+                        break
+        journal = [r async for r in client.replay(uid)]
+    inputs = [p.text.text for r in journal if r.event.kind == K.EVENT_INPUT for p in r.event.message.parts]
+    assert inputs == ["first", "second"]
+    starts = [r.event.execution_id for r in journal if r.event.kind == K.EVENT_EXECUTION_START]
+    assert starts[1] == queued.queued_execution_id
