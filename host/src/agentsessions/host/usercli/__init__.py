@@ -141,7 +141,7 @@ def add_parser(sub: _Subparsers) -> None:
     _command(sub, "delete", commands.delete, "delete a session")
 
     p = _command(
-        sub, "watch", commands.watch, "follow a session live: its records, output as it streams, state changes"
+        sub, "watch", commands.watch, "follow a session live: records, streamed output, state changes"
     )
     p.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this seq (default: 0)")
     p.add_argument("--no-follow", action="store_true", help="print the stored records and stop")
