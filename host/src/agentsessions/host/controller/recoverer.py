@@ -34,9 +34,9 @@ from agentsessions.host.controller import approvals, recovery, sessions
 from agentsessions.host.controller.admission import busy_elsewhere
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ControllerError, InvalidExecutionLogError
-from agentsessions.host.controller.executions import Execution, latest_execution
+from agentsessions.host.controller.executions import Execution, latest_execution, recorded_effects
 from agentsessions.host.controller.leases import LeaseKeeper
-from agentsessions.host.controller.state import open_gate
+from agentsessions.host.controller.state import Gate, open_gate
 from agentsessions.host.journal.live import PARKED, RUNNING, Lease, LiveStore
 from agentsessions.host.journal.store import SessionRow, StoreError
 from agentsessions.v1 import common_pb2, session_pb2
@@ -54,6 +54,9 @@ CONCURRENCY: Final = 8
 PURGE_EVERY: Final = 600
 # An END{FAILED} from recovery carries INTERNAL: the turn kept failing.
 GAVE_UP_CODE: Final = 13
+# A decided gate is left this long to whoever decided it (``agentsessions approve`` continues the
+# turn itself, at once); the recoverer continues it after that.
+DECISION_GRACE_S: Final = 2.0
 
 Outcome = Literal["completed", "parked", "gave up"]
 
@@ -63,6 +66,17 @@ class RecoverySettings:
     enabled: bool = True
     attempts: int = DEFAULT_ATTEMPTS  # recovery attempts before the turn ends FAILED
     scan_s: float = DEFAULT_SCAN_S
+
+
+def _decided_since(events: list[common_pb2.Event], gate: Gate) -> float:
+    """Seconds since the gate's decision was journaled (a decision without a time: long ago)."""
+    effects, _ = recorded_effects(events, gate.execution)
+    for effect in effects:
+        if effect.kind == "tool" and effect.call.tool.id == gate.tool_call_id and effect.approval_result:
+            stamp = effect.approval_result[1].ts
+            if stamp.seconds or stamp.nanos:
+                return time.time() - stamp.ToNanoseconds() / 1e9
+    return float("inf")
 
 
 def explicitly_suspended(events: list[common_pb2.Event], executions: list[Execution]) -> bool:
@@ -271,6 +285,8 @@ class Recoverer:
                 await live.drop_lease(uid, execution_id)
                 return
             gate = open_gate(events, executions)
+            if gate is not None and gate.decided and _decided_since(events, gate) < DECISION_GRACE_S:
+                return  # its decider may continue it: look again at the next scan
             undecided = gate is not None and not gate.decided and gate.request_seq != 0
             if undecided and not await approvals.settle(core, row):
                 await live.release(
