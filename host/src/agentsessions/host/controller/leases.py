@@ -48,6 +48,8 @@ from agentsessions.v1 import common_pb2
 log = logging.getLogger("agentsessions.controller")
 
 DEFAULT_LEASE_TTL_S: Final = 15.0
+# Ended executions whose leases wake the renewal early, to be dropped in one transaction.
+FINISHED_BATCH: Final = 256
 DRAIN_REASON: Final = "the host shut down during the turn; another attempt recovers it"
 
 
@@ -125,6 +127,10 @@ class LeaseKeeper:
         self.owner = owner or Owner.of_this_process()
         self._cancel_grace_s = cancel_grace_s
         self.owned: set[tuple[str, str]] = set()  # (session, execution) driven here
+        # Ended here, lease not yet dropped: dropped with the next renewal, in its transaction, so
+        # a turn's END costs no commit of its own (a lease left behind names an execution with an
+        # END, which anyone who finds it drops).
+        self.finished: set[tuple[str, str]] = set()
         self.draining = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -164,6 +170,8 @@ class LeaseKeeper:
             self._task = None
         if self._stopping:
             await asyncio.wait(list(self._stopping), timeout=self._cancel_grace_s)
+        with contextlib.suppress(StoreError):
+            await self.renew()  # the leases of what ended here go now
 
     def _heard(self, uid: str, item: FeedItem) -> None:
         if isinstance(item, CancelRequested) and self.held(uid, item.execution_id):
@@ -173,18 +181,25 @@ class LeaseKeeper:
         period = max(0.05, self.settings.ttl_s / 3)
         while True:
             self._wake.clear()
-            if self.owned:
-                try:
-                    renewed = await self.live.renew(self.owner.name, self.settings.ttl_ns)
-                except StoreError as exc:
-                    log.warning("lease renewal failed", extra=logs.fields(error=type(exc).__name__))
-                    renewed = []
-                for lease in renewed:
-                    if lease.cancel_reason is not None:
-                        self._cancel(lease)
+            await self.renew()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(period):
                     await self._wake.wait()
+
+    async def renew(self) -> None:
+        """One renewal: drop the leases of what ended here, extend the rest, act on cancel requests."""
+        if not self.owned and not self.finished:
+            return
+        finished = list(self.finished)
+        try:
+            renewed = await self.live.renew(self.owner.name, self.settings.ttl_ns, finished)
+        except StoreError as exc:
+            log.warning("lease renewal failed", extra=logs.fields(error=type(exc).__name__))
+            return
+        self.finished.difference_update(finished)
+        for lease in renewed:
+            if lease.cancel_reason is not None:
+                self._cancel(lease)
 
     def _cancel(self, lease: Lease) -> None:
         turn = self.running.get(lease.session)
@@ -234,15 +249,12 @@ class LeaseKeeper:
         self.on_ended(uid)
 
     async def ended(self, uid: str, execution_id: str) -> None:
-        """END (or Cancel) is journaled: nothing is left to recover. The lease goes in the
-        background, so the session is free at once (a lease left behind by a crash meanwhile
-        names an execution with an END, which the recoverer drops)."""
+        """END (or Cancel) is journaled: nothing is left to recover. The lease goes with the next
+        renewal (``finished``), so the session is free at once and the END costs no commit."""
         self._forget(uid, execution_id)
-        dropping = asyncio.get_running_loop().create_task(
-            self._quietly("drop", lambda: self.live.drop_lease(uid, execution_id, self.owner.name))
-        )
-        self._stopping.add(dropping)
-        dropping.add_done_callback(self._stopping.discard)
+        self.finished.add((uid, execution_id))
+        if len(self.finished) >= FINISHED_BATCH:
+            self._wake.set()
 
     async def parked(self, uid: str, execution_id: str, seen_seq: int) -> None:
         """The turn waits at an approval gate: recovered once the gate is decided."""

@@ -269,33 +269,47 @@ class Recoverer:
             return
         if core.guards.busy(uid):
             return  # an operation here holds it: it deals with the session
+        # Looked at without the guard first: most leases found are done with (the turn ended) or
+        # wait (a gate nobody decided), and a client's turn must not find the session busy then.
+        if not await self._needs_recovery(row, lease, guarded=False):
+            return
         async with core.guards.hold(uid):
-            events, executions = await sessions.read(core, row)
-            ex = next((e for e in executions if e.id == execution_id), None)
-            if (
-                ex is None
-                or ex.completed
-                or ex is not latest_execution(executions)
-                or ex.legacy
-                or ex.inherited
-            ):
-                await live.drop_lease(uid, execution_id)
+            if not await self._needs_recovery(row, lease, guarded=True):
                 return
-            if explicitly_suspended(events, executions):
-                await live.drop_lease(uid, execution_id)
-                return
-            gate = open_gate(events, executions)
-            if gate is not None and gate.decided and _decided_since(events, gate) < DECISION_GRACE_S:
-                return  # its decider may continue it: look again at the next scan
-            undecided = gate is not None and not gate.decided and gate.request_seq != 0
-            if undecided and not await approvals.settle(core, row):
-                await live.release(
-                    Lease(uid, execution_id, PARKED, "", 0, lease.attempts, seen_seq=len(events)),
-                    self.keeper.owner.name,
-                )
-                return
+            _, executions = await sessions.read(core, row)
+            ex = next(e for e in executions if e.id == execution_id)
             outcome = await recover_held(core, self.keeper, self.settings, row, ex, lease)
             if outcome != "parked":
                 self.recovered += 1
             what = logs.fields(session=uid, execution_id=execution_id, outcome=outcome)
             log.info("execution recovered", extra=what)
+
+    async def _needs_recovery(self, row: SessionRow, lease: Lease, *, guarded: bool) -> bool:
+        """Whether the lease's execution is to be recovered now; a lease that is done with goes,
+        a parked one is looked at again later. Writes that need the guard wait for ``guarded``."""
+        core, live = self.core, self.live
+        uid, execution_id = lease.session, lease.execution_id
+        events, executions = await sessions.read(core, row)
+        ex = next((e for e in executions if e.id == execution_id), None)
+        if ex is None or ex.completed or ex is not latest_execution(executions) or ex.legacy or ex.inherited:
+            await live.drop_lease(uid, execution_id)
+            return False
+        if explicitly_suspended(events, executions):
+            await live.drop_lease(uid, execution_id)  # suspended on purpose: Resume completes it
+            return False
+        gate = open_gate(events, executions)
+        if gate is None or gate.request_seq == 0:
+            return True
+        if gate.decided:
+            # Its decider may continue it itself: look again at the next scan.
+            return _decided_since(events, gate) >= DECISION_GRACE_S
+        decision = core.policy.settle(
+            row.project, uid, row.fork_seq, events, gate.execution.id, gate.tool_call_id, gate.request_seq
+        )
+        if decision is None:
+            # Nobody decided: parked until the session moves again (only the lease row changes).
+            parked = Lease(uid, execution_id, PARKED, "", 0, lease.attempts, seen_seq=len(events))
+            await live.claim(lease, parked)  # as scanned: a host that took it meanwhile keeps it
+            return False
+        # The host's own policy decides it: journaled under the guard, then the turn goes on.
+        return not guarded or await approvals.settle(core, row)

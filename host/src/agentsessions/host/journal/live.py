@@ -191,9 +191,10 @@ class LiveTransaction(Protocol):
 
 
 def _live(tx: Transaction) -> LiveTransaction:
-    if not isinstance(tx, LiveTransaction):
+    # One attribute, not the protocol's isinstance (which checks every method): it runs per turn.
+    if getattr(tx, "lease_put", None) is None:
         raise StoreError("this journal store keeps no live tables")
-    return tx
+    return cast(LiveTransaction, tx)
 
 
 def _owned_by_other(lease: Lease, owner: str) -> bool:
@@ -353,10 +354,15 @@ class LiveStore:
 
         return await self._run("drop lease", body)
 
-    async def renew(self, owner: str, ttl_ns: int) -> list[Lease]:
-        """Extend every RUNNING lease ``owner`` holds; those leases (cancel requests included)."""
+    async def renew(self, owner: str, ttl_ns: int, finished: Sequence[tuple[str, str]] = ()) -> list[Lease]:
+        """Drop the leases of ``finished`` executions (session, execution) ``owner`` still holds,
+        then extend every RUNNING lease it holds; those leases (cancel requests included)."""
 
         async def body(live: LiveTransaction, view: HeadView) -> list[Lease]:
+            for uid, execution_id in finished:
+                current = await live.lease_get(uid, execution_id)
+                if current is not None and not _owned_by_other(current, owner):
+                    await live.lease_delete(uid, execution_id)
             now = time.time_ns()
             return await live.lease_renew(owner, now + ttl_ns, now)
 
