@@ -139,3 +139,37 @@ async def test_queued_turns_survive_a_kill_of_the_host_and_run_in_order(host: Ho
     assert inputs == ["long", "second", "third"]
     assert [e.event.end.state for e in ends] == ["COMPLETED"] * 3
     assert [e.event.execution_id for e in ends] == starts
+
+
+async def test_a_turn_cut_by_a_drain_is_finished_by_the_next_start(
+    tmp_path: Path, slow_harness: HarnessProcess
+) -> None:
+    host = HostProcess(
+        tmp_path / "journal.db",
+        tmp_path,
+        ["--harness", f"slow={slow_harness.address}", "--drain-grace", "0.2"],
+    )
+    await host.start()
+    try:
+        async with SessionsClient.connect(host.address) as client:
+            uid = (await client.create_session(harness="slow")).metadata.uid
+            await client.live.Submit(live_pb2.SubmitRequest(exec=slow_turn(uid, "long", 3.0)))
+        assert await host.stop() == 0  # SIGTERM: the drain does not wait three seconds
+        await host.start()
+        async with SessionsClient.connect(host.address) as client:
+            async with asyncio.timeout(WAIT_S):
+                async for update in client.watch(uid):
+                    if update.HasField("record") and update.record.event.kind == K.EVENT_END:
+                        break
+            journal = [r async for r in client.replay(uid)]
+    finally:
+        await host.close()
+    kinds = [K.Name(r.event.kind) for r in journal]
+    errors = [r.event.error.description for r in journal if r.event.kind == K.EVENT_ERROR]
+    assert errors == ["the host shut down during the turn; another attempt recovers it"], kinds
+    (end,) = [r for r in journal if r.event.kind == K.EVENT_END]
+    assert end.event.end.state == "COMPLETED"
+    outputs = [
+        "".join(p.text.text for p in r.event.message.parts) for r in journal if r.event.kind == K.EVENT_OUTPUT
+    ]
+    assert outputs == ["echo:long"]

@@ -153,6 +153,10 @@ class DetachedTurns:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def stop_launching(self) -> None:
+        """The host drains: no new detached turn (a Submit now answers UNAVAILABLE)."""
+        self._closing = True
+
     def launch(self, p: ExecParams, call: CallContext, *, listen: bool = False) -> DetachedRun:
         if self._closing:
             raise HarnessUnavailableError("the host is shutting down")

@@ -175,8 +175,12 @@ class LiveSessions:
             self.recoverer.start()
 
     def drain(self) -> None:
-        """The host began to drain: turns cut from now on are recovered by another attempt."""
+        """The host began to drain: nothing new starts here (recoveries, queued turns), and turns
+        cut from now on are left for another attempt (another replica, or this host's next start)."""
         self._drain_started = time.monotonic()
+        if self.recoverer is not None:
+            self.recoverer.pause()
+        self.detached.stop_launching()
         self.keeper.drain()
 
     async def close(self, grace_s: float = 0.0) -> None:

@@ -197,6 +197,11 @@ class Recoverer:
     def wake(self) -> None:
         self._wake.set()
 
+    def pause(self) -> None:
+        """Start nothing more (the host drains); recoveries under way go on until the host closes."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self._working.values()) if t is not None]
         for task in tasks:

@@ -92,6 +92,8 @@ class Views:
                 return known[1]
             row = await self._core.store.get_session(uid)
             if row is None:
+                self._views.pop(uid, None)
+                self._locks.pop(uid, None)
                 raise SessionNotFoundError(f"session {uid!r} was deleted")
             view = await sessions.view(self._core, row)
             self._views[uid] = (row.last_seq, view)
