@@ -227,7 +227,8 @@ class Recoverer:
         self.scans += 1
         now = time.time_ns()
         owner = self.keeper.owner
-        for lease in await self.live.candidates(owner.prefix):
+        due, idle = await self.live.scan(owner.prefix)
+        for lease in due:
             where = (lease.session, lease.execution_id)
             if where in self._working or self.keeper.held(*where):
                 continue
@@ -236,7 +237,7 @@ class Recoverer:
             task = asyncio.get_running_loop().create_task(self._one(lease))
             self._working[where] = task
             task.add_done_callback(lambda _, where=where: self._working.pop(where, None))  # type: ignore[misc]
-        for uid in await self.live.idle_queues():
+        for uid in idle:
             self._on_idle(uid)
         if self._purge_keys is not None and self.scans % PURGE_EVERY == 1:
             await self._purge_keys()

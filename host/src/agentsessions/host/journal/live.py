@@ -144,6 +144,10 @@ class LiveTransaction(Protocol):
 
     async def lease_delete(self, uid: str, execution_id: str) -> None: ...
 
+    async def lease_drop(self, uid: str, execution_id: str, owner: str) -> bool:
+        """Delete the row unless another owner holds it (one statement); whether it did."""
+        ...
+
     async def leases_of(self, uid: str) -> list[Lease]: ...
 
     async def lease_renew(self, owner: str, expires_at_ns: int, now_ns: int) -> list[Lease]:
@@ -344,10 +348,9 @@ class LiveStore:
         """Delete the lease (only while ``owner`` holds it, when given)."""
 
         async def body(live: LiveTransaction, view: HeadView) -> bool:
-            current = await live.lease_get(uid, execution_id)
-            if current is None:
-                return False
-            if owner is not None and _owned_by_other(current, owner):
+            if owner is not None:
+                return await live.lease_drop(uid, execution_id, owner)
+            if await live.lease_get(uid, execution_id) is None:
                 return False
             await live.lease_delete(uid, execution_id)
             return True
@@ -360,9 +363,7 @@ class LiveStore:
 
         async def body(live: LiveTransaction, view: HeadView) -> list[Lease]:
             for uid, execution_id in finished:
-                current = await live.lease_get(uid, execution_id)
-                if current is not None and not _owned_by_other(current, owner):
-                    await live.lease_delete(uid, execution_id)
+                await live.lease_drop(uid, execution_id, owner)
             now = time.time_ns()
             return await live.lease_renew(owner, now + ttl_ns, now)
 
@@ -385,10 +386,17 @@ class LiveStore:
         return lease
 
     async def candidates(self, local_prefix: str, limit: int = SCAN_LIMIT) -> list[Lease]:
-        async def body(live: LiveTransaction, view: HeadView) -> list[Lease]:
-            return await live.lease_candidates(time.time_ns(), local_prefix, limit)
+        return (await self.scan(local_prefix, limit))[0]
 
-        return await self._run("scan leases", body)
+    async def scan(self, local_prefix: str, limit: int = SCAN_LIMIT) -> tuple[list[Lease], list[str]]:
+        """In one transaction: the leases someone may have to act on, and the sessions whose
+        queued turns wait with nothing in flight."""
+
+        async def body(live: LiveTransaction, view: HeadView) -> tuple[list[Lease], list[str]]:
+            due = await live.lease_candidates(time.time_ns(), local_prefix, limit)
+            return due, await live.queue_idle_sessions(limit)
+
+        return await self._run("scan leases and queues", body)
 
     # -- idempotency keys ----------------------------------------------------------------------
 

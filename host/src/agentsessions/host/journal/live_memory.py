@@ -58,6 +58,14 @@ class MemoryLiveStatements:
     async def lease_delete(self, uid: str, execution_id: str) -> None:
         self._live_tables().leases.pop((uid, execution_id), None)
 
+    async def lease_drop(self, uid: str, execution_id: str, owner: str) -> bool:
+        leases = self._live_tables().leases
+        current = leases.get((uid, execution_id))
+        if current is None or (current.owner and current.owner != owner):
+            return False
+        del leases[(uid, execution_id)]
+        return True
+
     async def leases_of(self, uid: str) -> list[Lease]:
         return [lease for (session, _), lease in sorted(self._live_tables().leases.items()) if session == uid]
 

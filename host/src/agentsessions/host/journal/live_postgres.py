@@ -273,6 +273,15 @@ class PostgresLiveStatements:
             "DELETE FROM live_leases WHERE session = $1 AND execution_id = $2", uid, execution_id
         )
 
+    async def lease_drop(self, uid: str, execution_id: str, owner: str) -> bool:
+        status = await self._conn.execute(
+            "DELETE FROM live_leases WHERE session = $1 AND execution_id = $2 AND owner IN ($3, '')",
+            uid,
+            execution_id,
+            owner,
+        )
+        return str(status) != "DELETE 0"
+
     async def leases_of(self, uid: str) -> list[Lease]:
         recs = await self._conn.fetch(
             f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = $1 ORDER BY execution_id", uid

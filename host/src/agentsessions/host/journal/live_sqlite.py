@@ -32,7 +32,6 @@ _DDL: Final = (
         PRIMARY KEY (session, execution_id)
     )
     """,
-    "CREATE INDEX IF NOT EXISTS live_leases_owner ON live_leases(owner)",
     """
     CREATE TABLE IF NOT EXISTS live_idempotency (
         scope TEXT NOT NULL,
@@ -158,6 +157,13 @@ class SqliteLiveStatements:
         self._db.execute(
             "DELETE FROM live_leases WHERE session = ? AND execution_id = ?", (uid, execution_id)
         )
+
+    async def lease_drop(self, uid: str, execution_id: str, owner: str) -> bool:
+        dropped = self._db.execute(
+            "DELETE FROM live_leases WHERE session = ? AND execution_id = ? AND owner IN (?, '')",
+            (uid, execution_id, owner),
+        ).rowcount
+        return bool(dropped)
 
     async def leases_of(self, uid: str) -> list[Lease]:
         recs = self._db.execute(
