@@ -34,6 +34,7 @@ from tests.chaos.scenario import (
 from tests.support import crash_harness
 from tests.support.chat_completions import ChatCompletionsServer
 from tests.support.crash_harness import idempotency_key
+from tests.support.host_process import HostProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -222,3 +223,35 @@ async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
     assert after[-1].record.event.end.state == "COMPLETED"
     records = await scenario.records(uid)
     assert [e.event.end.state for e in of_kind(records, K.EVENT_END)] == ["COMPLETED", "COMPLETED"]
+
+
+async def test_a_session_suspended_with_an_interrupted_turn_stays_suspended(scenario: CrashScenario) -> None:
+    """Recovery leaves a session that was suspended on purpose alone; Resume completes its turn."""
+    cut = "after_usage"
+    turn = scenario.exec_turn(cut)
+    await scenario.wait_for_cut(turn, cut)
+    uid = turn.session
+    await scenario.host.kill()
+    scenario.release()
+    await scenario.host.start()  # recovery off: nothing happens by itself
+    await scenario.host.sessions.Suspend(session_pb2.SuspendRequest(session=uid), timeout=WAIT_LIMIT_S)
+    suspended = await scenario.records(uid)
+    assert suspended[-1].event.lifecycle.kind == LK.LIFECYCLE_SUSPEND
+    assert await scenario.host.stop() == 0
+    args = [a for a in scenario.host_args if a not in ("--recover", "off")]
+    recovering = HostProcess(scenario.journal, scenario.tmp, args, name="recovering")
+    await recovering.start()
+    try:
+        await wait_until(
+            "the recoverer to leave the suspended session alone",
+            lambda: any('"reason":"suspended"' in line for line in recovering.log_lines),
+        )
+        async with SessionsClient.connect(recovering.address) as client:
+            assert [r async for r in client.replay(uid)] == suspended
+            resumed = await client.resume(uid)
+            assert resumed.exec_state == session_pb2.EXEC_COMPLETED
+            records = [r async for r in client.replay(uid)]
+    finally:
+        await recovering.close()
+    assert [e.event.end.state for e in of_kind(records, K.EVENT_END)] == ["COMPLETED"]
+    assert records[-1].event.lifecycle.kind == LK.LIFECYCLE_RESUME

@@ -251,3 +251,27 @@ async def test_a_turn_queued_on_one_replica_runs_after_the_turn_of_the_other(
     assert inputs == ["first", "second"]
     starts = [r.event.execution_id for r in journal if r.event.kind == K.EVENT_EXECUTION_START]
     assert starts[1] == queued.queued_execution_id
+
+
+async def test_an_idempotency_key_holds_across_replicas(replicas: list[HostProcess]) -> None:
+    """A retry sent to the other replica does the work once: an Exec still running on A is streamed
+    from B, live; a Fork made on A is returned by B."""
+    a, b = replicas
+    uid = await create(a)
+    key = (("idempotency-key", "replicated-turn"),)
+    original = a.sessions.Exec(turn(uid, "once", delay_s=1.0), metadata=key)
+    assert (await original.read()).WhichOneof("update") == "session"
+    assert (await original.read()).record.event.kind == K.EVENT_EXECUTION_START
+    retried = [u async for u in b.sessions.Exec(turn(uid, "once", delay_s=1.0), metadata=key)]
+    rest = []
+    while (update := await original.read()) != grpc.aio.EOF:
+        rest.append(update)
+    records = [u.record for u in retried if u.WhichOneof("update") == "record"]
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5]
+    assert records[-1].event.end.state == "COMPLETED"
+    async with SessionsClient.connect(a.address) as client:
+        assert [r async for r in client.replay(uid)] == records
+        children = await client.fork(uid, count=2, idempotency_key="replicated-fork")
+    async with SessionsClient.connect(b.address) as client:
+        again = await client.fork(uid, count=2, idempotency_key="replicated-fork")
+    assert [c.metadata.uid for c in again] == [c.metadata.uid for c in children]

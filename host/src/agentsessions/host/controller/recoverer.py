@@ -302,6 +302,8 @@ class Recoverer:
             return False
         if explicitly_suspended(events, executions):
             await live.drop_lease(uid, execution_id)  # suspended on purpose: Resume completes it
+            what = logs.fields(session=uid, execution_id=execution_id, reason="suspended")
+            log.info("recovery left the execution alone", extra=what)
             return False
         gate = open_gate(events, executions)
         if gate is None or gate.request_seq == 0:
