@@ -40,7 +40,9 @@ async def interrupted_session(store: JournalStore) -> str:
         kind=K.EVENT_EXECUTION_START,
         execution_start=common_pb2.ExecutionStart(input_count=1, harness="echo", harness_version="1"),
     )
-    first = common_pb2.Event(execution_id="00000000000000aa", kind=K.EVENT_INPUT, message=text_message("user", "first"))
+    first = common_pb2.Event(
+        execution_id="00000000000000aa", kind=K.EVENT_INPUT, message=text_message("user", "first")
+    )
     await store.append(uid, [start, first], expected_head=0, fence=0, mint_fence=True)
     return uid
 
