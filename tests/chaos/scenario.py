@@ -130,9 +130,14 @@ class CrashScenario:
             model.base_url,
             "--tool-executor",
             "python:tests.support.effect_tool:record_effect",
+            *self.recovery_args(),
         ]
         self.host = HostProcess(self.journal, tmp, self.host_args)
         self._turns: list[ExecInFlight] = []
+
+    def recovery_args(self) -> list[str]:
+        """These scenarios recover by hand (Resume), as the reference does: no automatic recovery."""
+        return ["--recover", "off"]
 
     def another_host(self, name: str) -> HostProcess:
         """A second host on the same journal, harness, model and tool (not started)."""

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from agentsessions.host.config import HostConfig
 from agentsessions.host.usercli.commands import ChainCheck
 from tests.cli.conftest import cli
 from tests.security.conftest import serving
+from tests.support.host_process import BIN, repo_env
 
 pytestmark = pytest.mark.e2e
 
@@ -185,3 +188,43 @@ async def test_health_answers_0_serving_and_1_otherwise(host: str) -> None:
     assert unknown.code == 1 and "NOT_FOUND" in unknown.out, unknown
     nobody = await cli("health", "--quiet", server="127.0.0.1:1")
     assert (nobody.code, nobody.out) == (1, "")
+
+
+async def test_watch_prints_the_stored_turns_and_stops_without_follow(host: str) -> None:
+    uid = (await cli("create", server=host)).out.strip()
+    await cli("exec", "-s", uid, "hi", server=host)
+    await cli("exec", "-s", uid, "bye", server=host)
+    done = await cli("watch", uid, "--no-follow", server=host)
+    assert done.code == 0, done
+    assert done.out == "> hi\necho:hi\n> bye\necho:bye\n"
+    assert done.err.startswith(f"watching {uid} exec=COMPLETED")
+    after = await cli("watch", uid, "--no-follow", "--after", "5", "--json", server=host)
+    frames = lines(after.out)
+    assert list(frames[0]) == ["session"]
+    assert [int(f["record"]["seq"]) for f in frames[1:]] == list(range(6, 11))
+
+
+async def test_watch_follows_a_session_as_another_client_runs_it(host: str) -> None:
+    uid = (await cli("create", server=host)).out.strip()
+    environ = {k: v for k, v in repo_env().items() if not k.startswith("AGENTSESSIONS_")}
+    environ["AGENTSESSIONS_SERVER"] = host
+    watcher = await asyncio.create_subprocess_exec(
+        str(BIN / "agentsessions"),
+        "watch",
+        uid,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environ,
+    )
+    try:
+        assert watcher.stderr is not None and watcher.stdout is not None
+        async with asyncio.timeout(60):
+            assert (await watcher.stderr.readline()).decode().startswith(f"watching {uid}")
+            await cli("exec", "-s", uid, "live one", server=host)
+            printed = [(await watcher.stdout.readline()).decode() for _ in range(4)]
+        assert printed == ["> live one\n", "   [running]\n", "echo:live one\n", "   [completed]\n"]
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            code = await watcher.wait()
+    assert code == 130

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentsessions.v1 import session_pb2
+from agentsessions.v1 import common_pb2, session_pb2
+from tests.support.host import text_input
 from tests.support.host_process import BIN, ROOT, HostProcess
 
 pytestmark = pytest.mark.e2e
@@ -89,3 +90,44 @@ async def test_node_demo_runs_a_turn_and_the_journal_verifies(tmp_path: Path) ->
     code, out, err = await _run(node, str(DEMO), host.address)
     assert code != 0
     assert "demo failed:" in err
+
+
+WATCH = NODE_DIR / "watch.js"
+
+
+async def test_node_watch_follows_a_session_from_an_offset(tmp_path: Path) -> None:
+    """``node clients/node/watch.js``: the stored records after an offset, then each new record of
+    a turn another client runs, each once and in order, hashes as stored."""
+    node = _node_or_skip()
+    host = HostProcess(tmp_path / "journal.db", tmp_path)
+    await host.start()
+    try:
+        created = await host.sessions.CreateSession(
+            session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo")), timeout=30
+        )
+        uid = created.metadata.uid
+        turn = session_pb2.ExecRequest(session=uid, inputs=[text_input("one")])
+        _ = [u async for u in host.sessions.Exec(turn, timeout=30)]
+
+        stored = await _run(node, str(WATCH), host.address, uid, "--after", "2", "--no-follow")
+        assert stored[0] == 0, stored
+        assert [json.loads(line)["seq"] for line in stored[1].splitlines()] == [3, 4, 5]
+
+        following = asyncio.create_task(
+            _run(node, str(WATCH), host.address, uid, "--after", "5", "--until", "10")
+        )
+        _ = [
+            u
+            async for u in host.sessions.Exec(
+                session_pb2.ExecRequest(session=uid, inputs=[text_input("two")])
+            )
+        ]
+        code, out, err = await following
+        assert code == 0, err
+        seen = [json.loads(line) for line in out.splitlines()]
+        journal = [r async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
+        assert [(s["seq"], s["kind"], s["hash"]) for s in seen] == [
+            (r.seq, common_pb2.EventKind.Name(r.event.kind), r.content_hash) for r in journal[5:]
+        ]
+    finally:
+        await host.close()

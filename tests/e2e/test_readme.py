@@ -126,3 +126,34 @@ async def test_the_harness_block_serves_as_written_from_its_folder(tmp_path: Pat
     kinds = [common_pb2.EventKind.Name(record.event.kind) for record in records]
     assert kinds == ["EVENT_EXECUTION_START", "EVENT_INPUT", "EVENT_MODEL_CALL", "EVENT_OUTPUT", "EVENT_END"]
     assert records[3].event.message.parts[0].text.text == "echo:hi"
+
+
+def test_the_live_sessions_block_runs_as_written(host: str) -> None:
+    script = readme_block("live", "sh").replace("HOST=127.0.0.1:50051", f"HOST={host}")
+    script = script.replace('G=".venv/bin/grpcurl', f'G="{BIN}/grpcurl').replace(
+        "python3 -c", f"{sys.executable} -c"
+    )
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    # The keyed Exec twice: the same five records, hashes included.
+    hashes = re.findall(r'"content_?[hH]ash": "([0-9a-f]+)"', out)
+    assert len(hashes) >= 12 and hashes[:5] == hashes[5:10]
+    assert out.count('"text": "echo:hi"') == 2 + 1  # both Exec streams, then the Watch's OUTPUT
+    submits = re.findall(r'"execution_?[iI]d": "([0-9a-f]+)",\s*"start_?[sS]eq": "(\d+)"', out)
+    assert len(submits) >= 2 and submits[0] == submits[1] and submits[0][1] == "6"
+
+
+def test_the_live_python_client_block_runs_as_written(host: str) -> None:
+    script = readme_block("live-client", "python").replace("127.0.0.1:50051", host)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "1 EVENT_EXECUTION_START",
+        "2 EVENT_INPUT",
+        "3 EVENT_MODEL_CALL",
+        "4 EVENT_OUTPUT",
+        "5 EVENT_END",
+    ]

@@ -138,7 +138,11 @@ def test_reflection_lists_the_services_without_proto_files(host: Host, empty_dir
     listed = grpcurl(host.address, "list", cwd=empty_dir)
     assert listed.returncode == 0, listed.stderr
     services = set(listed.stdout.split())
-    assert {"agentsessions.v1.Sessions", "grpc.health.v1.Health"} <= services
+    assert {
+        "agentsessions.v1.Sessions",
+        "agentsessions.ext.v1.LiveSessions",
+        "grpc.health.v1.Health",
+    } <= services
     # The registry is an admin API on its own listener, never on the Sessions port.
     assert "agentsessions.v1.HarnessRegistry" not in services
 
@@ -168,6 +172,17 @@ def test_the_registry_has_its_own_listener(host: Host, empty_dir: Path) -> None:
     assert json.loads(checked.stdout) == {"status": "SERVING"}
 
 
+def test_reflection_describes_the_live_sessions_rpcs(host: Host, empty_dir: Path) -> None:
+    listed = grpcurl(host.address, "list", "agentsessions.ext.v1.LiveSessions", cwd=empty_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [
+        "agentsessions.ext.v1.LiveSessions.Submit",
+        "agentsessions.ext.v1.LiveSessions.Watch",
+    ]
+    described = grpcurl(host.address, "describe", "agentsessions.ext.v1.WatchUpdate", cwd=empty_dir)
+    assert "agentsessions.v1.LogRecord record = 1;" in described.stdout
+
+
 def test_describe_session_shows_every_field(host: Host, empty_dir: Path) -> None:
     described = grpcurl(host.address, "describe", "agentsessions.v1.Session", cwd=empty_dir)
     assert described.returncode == 0, described.stderr
@@ -176,7 +191,7 @@ def test_describe_session_shows_every_field(host: Host, empty_dir: Path) -> None
         assert re.search(rf"\b{field.name} = {field.number};", described.stdout), field.name
 
 
-@pytest.mark.parametrize("service", ["", "agentsessions.v1.Sessions"])
+@pytest.mark.parametrize("service", ["", "agentsessions.v1.Sessions", "agentsessions.ext.v1.LiveSessions"])
 def test_health_check_is_serving(host: Host, empty_dir: Path, service: str) -> None:
     checked = grpcurl(
         "-d", json.dumps({"service": service}), host.address, "grpc.health.v1.Health/Check", cwd=empty_dir

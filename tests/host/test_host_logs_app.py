@@ -84,7 +84,10 @@ async def test_close_runs_every_release_step_last_first_and_reports_failures() -
 async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_listener() -> None:
     app = await build_app(HostConfig(journal="memory:"))
     try:
-        assert [service.name for service in app.services] == ["agentsessions.v1.Sessions"]
+        assert [service.name for service in app.services] == [
+            "agentsessions.v1.Sessions",
+            "agentsessions.ext.v1.LiveSessions",
+        ]
         assert [service.name for service in app.admin_services] == ["agentsessions.v1.HarnessRegistry"]
     finally:
         await app.close()

@@ -449,3 +449,51 @@ async def test_bearer_token_rides_tls_call_credentials(tokens_file: str, pki: PK
             address, credentials=ClientTLS(pki.ca.cert).credentials()
         ) as nobody:
             assert (await status_of(nobody.create_session()))[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_live_sessions_need_their_roles_and_projects(tokens_file: str) -> None:
+    """Watch needs reader, Submit writer, both on the session's project; with authentication the
+    queued and recovered turns run with the host's own authority."""
+    async with authenticated_host(tokens_file) as (address,):
+        async with client(address, ALICE) as alice:
+            uid = (await alice.create_session(harness="echo")).metadata.uid
+            submitted = await alice.submit(uid, "hi")
+            seen = []
+            async for update in alice.watch(uid):
+                if update.HasField("record"):
+                    seen.append(update.record)
+                    if update.record.event.kind == common_pb2.EVENT_END:
+                        break
+            assert seen[0].event.execution_id == submitted.execution_id
+        async with client(address, HASHED) as reader:
+            assert [u.record.seq async for u in reader.watch(uid, follow=False) if u.HasField("record")] == [
+                1,
+                2,
+                3,
+                4,
+                5,
+            ]
+            code, details = await status_of(reader.submit(uid, "no"))
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+            assert "lacks role 'writer', needed for agentsessions.ext.v1.LiveSessions/Submit" in details
+        async with client(address, BOB) as bob:  # a reader of another project: as if unknown
+            unknown = "sess-000000000000000000000000"
+            code, details = await status_of(bob.watch(uid, follow=False))
+            missing = await status_of(bob.watch(unknown, follow=False))
+            assert (code, details) == (grpc.StatusCode.NOT_FOUND, missing[1].replace(unknown, uid))
+        async with client(address, None) as nobody:
+            code, _ = await status_of(nobody.watch(uid, follow=False, reconnect=False))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_idempotency_keys_belong_to_their_principal(tokens_file: str) -> None:
+    async with (
+        authenticated_host(tokens_file) as (address,),
+        client(address, ALICE) as alice,
+        client(address, ROOT_TOKEN) as root,
+    ):
+        mine = await alice.create_session(harness="echo", idempotency_key="shared-name")
+        theirs = await root.create_session(harness="echo", idempotency_key="shared-name")
+        again = await alice.create_session(harness="echo", idempotency_key="shared-name")
+    assert again.metadata.uid == mine.metadata.uid != theirs.metadata.uid
+    assert mine.identity.principal == "user:alice" and theirs.identity.principal == "ops:root"

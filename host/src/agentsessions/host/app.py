@@ -18,28 +18,36 @@ from dataclasses import dataclass, field
 
 from grpc import aio
 
+from agentsessions.ext.v1 import live_pb2_grpc
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.auth import AuthFileError, AuthInterceptor, PrincipalAccess, load_principals
+from agentsessions.host.auth.principals import ADMIN, Principal
+from agentsessions.host.callcontext import ANONYMOUS, CallContext
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.controller.access import SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.harnesslink import RemoteHarness
+from agentsessions.host.idempotency import IdempotencyInterceptor
 from agentsessions.host.journal import open_store
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
-from agentsessions.host.service import registry, sessions
+from agentsessions.host.service import live, registry, sessions
 from agentsessions.host.service.decoding import DecodingInterceptor
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc
+
+# The host's own authority, for what it does with no caller (queued turns): never a token's.
+HOST_PRINCIPAL = Principal("host:live", projects=None, roles=frozenset({ADMIN}))
 
 
 class StartupError(Exception):
@@ -63,6 +71,15 @@ class App:
     interceptors: list[aio.ServerInterceptor] = field(default_factory=list)
     controller: Controller | None = None
     _closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _drainers: list[Callable[[], None]] = field(default_factory=list)
+
+    def on_drain(self, drainer: Callable[[], None]) -> None:
+        """Register what to tell when the host starts draining (before calls are cut)."""
+        self._drainers.append(drainer)
+
+    def begin_drain(self) -> None:
+        for drainer in self._drainers:
+            drainer()
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
         """Register a release step; ``close`` runs them last-registered first."""
@@ -101,11 +118,13 @@ def build_model(config: HostConfig) -> ModelProvider:
 
 
 async def build_controller(
-    config: HostConfig, app: App, *, access: SessionAccess | None = None
+    config: HostConfig, app: App, *, access: SessionAccess | None = None, live: bool = False
 ) -> Controller:
     """The journal store, harness catalog, model, tools and controller ``config`` describes, with
     no server; their release steps go on ``app``. ``serve`` and ``agentsessions replay`` share it.
-    ``access`` is the controller's authorization hook (None: open, as without ``--auth-tokens``)."""
+    ``access`` is the controller's authorization hook (None: open, as without ``--auth-tokens``);
+    ``live`` gives the controller its leases, keys, queues and recovery (``serve`` only), started
+    here and stopped first on close."""
     harness_tls = config.harness_tls
     try:
         harness_credentials = harness_tls.credentials() if harness_tls is not None else None
@@ -158,9 +177,29 @@ async def build_controller(
         approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
         access=access,
         limits=config.limits,
+        live=live_settings(config, authenticated=access is not None) if live else None,
     )
     app.controller = controller
+    if controller.live is not None:
+        live_parts = controller.live
+        await live_parts.start()
+        app.on_drain(live_parts.drain)
+        app.on_close(lambda: live_parts.close(config.drain_grace_seconds))
     return controller
+
+
+def live_settings(config: HostConfig, *, authenticated: bool) -> LiveSettings:
+    ttl = config.lease_ttl_seconds
+    return LiveSettings(
+        recover=config.recover,
+        attempts=config.recover_attempts,
+        backoff_s=config.recover_backoff_seconds,
+        lease_ttl_s=ttl,
+        scan_s=min(1.0, ttl / 3),
+        key_retention_s=config.idempotency_retention_seconds,
+        detach_exec=config.detach_exec,
+        host_call=CallContext(HOST_PRINCIPAL, "host") if authenticated else ANONYMOUS,
+    )
 
 
 async def build_app(config: HostConfig) -> App:
@@ -174,10 +213,12 @@ async def build_app(config: HostConfig) -> App:
             # Every call but health and reflection needs a principal (docs/security.md).
             app.interceptors.append(AuthInterceptor(load_principals(config.auth_tokens)))
             access = PrincipalAccess()
-        controller = await build_controller(config, app, access=access)
+        controller = await build_controller(config, app, access=access, live=True)
     except (HarnessProcessError, AuthFileError, ConfigError) as exc:
         await app.close()
         raise StartupError(str(exc)) from exc
+    # The idempotency key joins the call context authentication bound.
+    app.interceptors.append(IdempotencyInterceptor())
     # Innermost: undecodable request bytes answer INVALID_ARGUMENT, after authentication.
     app.interceptors.append(DecodingInterceptor())
     sessions_servicer = sessions.SessionsServicer(controller)
@@ -187,6 +228,14 @@ async def build_app(config: HostConfig) -> App:
             functools.partial(sessions.add_to_server, sessions_servicer),
         )
     )
+    if controller.live is not None:
+        live_servicer = live.LiveSessionsServicer(controller)
+        app.services.append(
+            Service(
+                live.SERVICE_NAME,
+                functools.partial(live_pb2_grpc.add_LiveSessionsServicer_to_server, live_servicer),
+            )
+        )
     registry_servicer = registry.HarnessRegistryServicer(controller.catalog)
     app.admin_services.append(
         Service(

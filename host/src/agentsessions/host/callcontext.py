@@ -23,6 +23,8 @@ class CallContext:
 
     principal: Principal | None = None
     method: str = ""
+    # The request's ``idempotency-key`` metadata ("" without one): a retry with it does the work once.
+    idempotency_key: str = ""
 
 
 ANONYMOUS = CallContext()

@@ -33,6 +33,12 @@ DEFAULT_PROJECT = "default"
 DEFAULT_DRAIN_GRACE_SECONDS = 10.0
 # How long a harness's descriptor serves admissions on one connection (agentsessions.host.harnesslink).
 DEFAULT_DESCRIBE_MAX_AGE_SECONDS = 5.0
+# Live sessions (docs/live.md): leases, automatic recovery, idempotency keys.
+DEFAULT_LEASE_TTL_SECONDS = 15.0
+DEFAULT_RECOVER_ATTEMPTS = 3
+DEFAULT_RECOVER_BACKOFF_SECONDS = 1.0
+DEFAULT_IDEMPOTENCY_RETENTION_SECONDS = 24 * 3600.0
+RECOVER_MODES = ("on", "off")
 # The provider's own defaults (agentsessions.host.models.openai), so a flag's help and default match it.
 DEFAULT_MODEL_BASE_URL = openai.DEFAULT_BASE_URL
 DEFAULT_MODEL_PATH = openai.DEFAULT_PATH
@@ -108,6 +114,14 @@ class HostConfig:
     model_transport: ModelTransportConfig = field(default_factory=lambda: ModelTransportConfig())
     # The HTTP API and web console listener (agentsessions.host.http); None: not served.
     http_listen: str | None = None
+    # Interrupted executions are recovered by whichever host takes their expired lease (off: Resume).
+    recover: bool = True
+    recover_attempts: int = DEFAULT_RECOVER_ATTEMPTS
+    recover_backoff_seconds: float = DEFAULT_RECOVER_BACKOFF_SECONDS
+    lease_ttl_seconds: float = DEFAULT_LEASE_TTL_SECONDS
+    idempotency_retention_seconds: float = DEFAULT_IDEMPOTENCY_RETENTION_SECONDS
+    # Plain Exec turns run to their end when their caller goes away (default: cancelled, as the reference).
+    detach_exec: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -151,12 +165,24 @@ class HostConfig:
         check_authenticated_listener(
             self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
         )
+        self._check_live()
         if self.otel_exporter not in OTEL_EXPORTERS:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
             )
         if self.http_listen is not None:
             check_http_listen(self)
+
+    def _check_live(self) -> None:
+        if self.recover_attempts < 1:
+            raise ConfigError(f"--recover-attempts {self.recover_attempts} must be at least 1")
+        for flag, value in (
+            ("--recover-backoff", self.recover_backoff_seconds),
+            ("--lease-ttl", self.lease_ttl_seconds),
+            ("--idempotency-retention", self.idempotency_retention_seconds),
+        ):
+            if not value > 0:
+                raise ConfigError(f"{flag} {value:g} must be a positive number of seconds")
 
     def _check_tls(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -274,6 +300,7 @@ class HostConfig:
             otel_exporter=cast(OtelExporter, pick("otel_exporter", "none").lower()),
             model_transport=ModelTransportConfig.from_sources(args, environ),
             http_listen=pick("http_listen", "") or None,
+            **_live_from_sources(args, environ),
         )
 
 
@@ -282,6 +309,50 @@ def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits
         return host_limits.Limits.from_sources(args, environ)
     except host_limits.LimitsError as exc:
         raise ConfigError(str(exc)) from None
+
+
+class _LiveOptions(TypedDict):
+    recover: bool
+    recover_attempts: int
+    recover_backoff_seconds: float
+    lease_ttl_seconds: float
+    idempotency_retention_seconds: float
+    detach_exec: bool
+
+
+def _live_from_sources(args: argparse.Namespace, environ: Mapping[str, str]) -> _LiveOptions:
+    def pick(attr: str, default: str) -> str:
+        value: str | None = getattr(args, attr, None)
+        return value if value is not None else environ.get(ENV_PREFIX + attr.upper(), default)
+
+    def number(flag: str, attr: str, default: float) -> float:
+        text = pick(attr, str(default))
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r} is not a number of seconds") from None
+
+    mode = pick("recover", "on").lower()
+    if mode not in RECOVER_MODES:
+        raise ConfigError(f"--recover {mode!r} is not one of {', '.join(RECOVER_MODES)}")
+    attempts_text = pick("recover_attempts", str(DEFAULT_RECOVER_ATTEMPTS))
+    try:
+        attempts = int(attempts_text)
+    except ValueError:
+        raise ConfigError(f"--recover-attempts {attempts_text!r} is not an integer") from None
+    detach = _flag(getattr(args, "detach_exec", None), environ.get(ENV_PREFIX + "DETACH_EXEC"), "DETACH_EXEC")
+    return _LiveOptions(
+        recover=mode == "on",
+        recover_attempts=attempts,
+        recover_backoff_seconds=number(
+            "--recover-backoff", "recover_backoff", DEFAULT_RECOVER_BACKOFF_SECONDS
+        ),
+        lease_ttl_seconds=number("--lease-ttl", "lease_ttl", DEFAULT_LEASE_TTL_SECONDS),
+        idempotency_retention_seconds=number(
+            "--idempotency-retention", "idempotency_retention", DEFAULT_IDEMPOTENCY_RETENTION_SECONDS
+        ),
+        detach_exec=detach,
+    )
 
 
 def _check_file(flag: str, path: str) -> None:
@@ -384,11 +455,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     host_limits.add_arguments(parser)
     add_security_arguments(parser)
     add_http_arguments(parser)
+    add_live_arguments(parser)
     parser.add_argument(
         "--otel-exporter",
         metavar="KIND",
         help=f"where traces and metrics go: {'|'.join(OTEL_EXPORTERS)}; otlp reads OTEL_EXPORTER_OTLP_* "
         f"(env {env}OTEL_EXPORTER; default none; see docs/telemetry.md)",
+    )
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    """Leases, automatic recovery, idempotency keys and detached Exec (docs/live.md)."""
+    env = ENV_PREFIX
+    parser.add_argument(
+        "--recover",
+        metavar="on|off",
+        help=f"recover interrupted executions automatically, on whichever host takes their expired lease; "
+        f"off: Resume does it, as in the reference (env {env}RECOVER; default on)",
+    )
+    parser.add_argument(
+        "--recover-attempts",
+        metavar="N",
+        help=f"recovery attempts before a turn that keeps failing ends FAILED "
+        f"(env {env}RECOVER_ATTEMPTS; default {DEFAULT_RECOVER_ATTEMPTS})",
+    )
+    parser.add_argument(
+        "--recover-backoff",
+        metavar="SECONDS",
+        help=f"wait before the first retry of a failed turn, doubled for each one after it "
+        f"(env {env}RECOVER_BACKOFF; default {DEFAULT_RECOVER_BACKOFF_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        help=f"how long an execution's lease lasts unless its host renews it; another host recovers it "
+        f"after that (env {env}LEASE_TTL; default {DEFAULT_LEASE_TTL_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--idempotency-retention",
+        metavar="SECONDS",
+        help=f"how long an idempotency-key is remembered (env {env}IDEMPOTENCY_RETENTION; "
+        f"default {DEFAULT_IDEMPOTENCY_RETENTION_SECONDS:g}, 24 h)",
+    )
+    parser.add_argument(
+        "--detach-exec",
+        action="store_true",
+        default=None,
+        help=f"a plain Exec turn runs to its end when its caller goes away "
+        f"(env {env}DETACH_EXEC; default: cancelled, as in the reference)",
     )
 
 

@@ -106,6 +106,7 @@ async def serve(
                 on_serving([listener.bound for listener in listeners])
             await signals.first.wait()
             log.info("draining", extra=logs.fields(grace_seconds=config.drain_grace_seconds))
+            app.begin_drain()
             await _drain(listeners, config.drain_grace_seconds, signals.second)
         finally:
             # After a drain this is a no-op; after a failed start it releases the listeners that did start.

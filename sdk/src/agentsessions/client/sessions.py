@@ -1,13 +1,22 @@
-"""``SessionsClient``: typed async wrappers over the Sessions stub, one channel factory."""
+"""``SessionsClient``: typed async wrappers over the Sessions and LiveSessions stubs, one channel
+factory.
+
+Calls that admit work (``create_session``, ``exec``, ``submit``, ``fork``, ``approve``, ``cancel``)
+take ``idempotency_key=``: sent as the ``idempotency-key`` metadata, it makes a retry of the same
+request do the work once (a retried ``exec`` streams the original execution from its first record).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
+from typing import Final
 
 import grpc
 from grpc import aio
 
+from agentsessions.ext.v1 import live_pb2, live_pb2_grpc
 from agentsessions.sdk.harness import text_message
 from agentsessions.sdk.limits import MAX_MESSAGE_BYTES
 from agentsessions.sdk.tls import open_channel
@@ -19,6 +28,11 @@ _CHANNEL_OPTIONS = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+IDEMPOTENCY_KEY: Final = "idempotency-key"
+# A broken watch stream is opened again after this long (doubling up to the cap).
+_RECONNECT_S: Final = 0.2
+_RECONNECT_CAP_S: Final = 5.0
+_RECONNECT_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
 class SessionsClient:
@@ -27,7 +41,13 @@ class SessionsClient:
     def __init__(self, channel: aio.Channel, *, metadata: Sequence[tuple[str, str]] = ()) -> None:
         self.channel = channel
         self.stub = session_pb2_grpc.SessionsStub(channel)
+        self.live = live_pb2_grpc.LiveSessionsStub(channel)
         self._metadata = tuple(metadata)
+
+    def _keyed(self, idempotency_key: str | None) -> tuple[tuple[str, str], ...]:
+        if idempotency_key is None:
+            return self._metadata
+        return (*self._metadata, (IDEMPOTENCY_KEY, idempotency_key))
 
     @classmethod
     def connect(
@@ -61,6 +81,7 @@ class SessionsClient:
         model: str = "",
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> session_pb2.Session:
         s = session_pb2.Session(
             harness=harness, model=model, labels=dict(labels or {}), annotations=dict(annotations or {})
@@ -68,7 +89,7 @@ class SessionsClient:
         s.metadata.project = project
         s.metadata.name = name
         result: session_pb2.Session = await self.stub.CreateSession(
-            session_pb2.CreateSessionRequest(session=s), metadata=self._metadata
+            session_pb2.CreateSessionRequest(session=s), metadata=self._keyed(idempotency_key)
         )
         return result
 
@@ -103,20 +124,72 @@ class SessionsClient:
         resume_from_seq: int = 0,
         expected_last_seq: int | None = None,
         deadline_unix: int = 0,
+        idempotency_key: str | None = None,
     ) -> AsyncIterator[session_pb2.ExecUpdate]:
         """Run one turn; yields the session frame, then records and deltas as they come."""
-        request = session_pb2.ExecRequest(
-            session=session,
-            inputs=[text_message("user", i) if isinstance(i, str) else i for i in inputs],
-            harness=harness,
-            config=config,
-            resume_from_seq=resume_from_seq,
-            deadline_unix=deadline_unix,
+        request = _exec_request(
+            session, inputs, harness, config, resume_from_seq, expected_last_seq, deadline_unix
         )
-        if expected_last_seq is not None:
-            request.expected_last_seq = expected_last_seq
-        async for update in self.stub.Exec(request, metadata=self._metadata):
+        async for update in self.stub.Exec(request, metadata=self._keyed(idempotency_key)):
             yield update
+
+    async def submit(
+        self,
+        session: str,
+        *inputs: str | common_pb2.Message,
+        on_busy: live_pb2.OnBusy.ValueType = live_pb2.ON_BUSY_REJECT,
+        harness: str = "",
+        config: bytes = b"",
+        resume_from_seq: int = 0,
+        expected_last_seq: int | None = None,
+        deadline_unix: int = 0,
+        idempotency_key: str | None = None,
+    ) -> live_pb2.SubmitResponse:
+        """Admit a turn that runs with no caller (LiveSessions.Submit); returns once it is durably
+        admitted (or queued, with ``on_busy=ON_BUSY_ENQUEUE``). Follow it with :meth:`watch`."""
+        request = live_pb2.SubmitRequest(
+            exec=_exec_request(
+                session, inputs, harness, config, resume_from_seq, expected_last_seq, deadline_unix
+            ),
+            on_busy=on_busy,
+        )
+        result: live_pb2.SubmitResponse = await self.live.Submit(
+            request, metadata=self._keyed(idempotency_key)
+        )
+        return result
+
+    async def watch(
+        self,
+        session: str,
+        *,
+        after_seq: int = 0,
+        follow: bool = True,
+        include_deltas: bool = False,
+        reconnect: bool = True,
+    ) -> AsyncIterator[live_pb2.WatchUpdate]:
+        """The session's records with seq > ``after_seq``, then (``follow``) each new one as it
+        becomes durable, its state changes and queue, and (``include_deltas``) live deltas
+        (LiveSessions.Watch). With ``reconnect`` a stream the host broke (UNAVAILABLE: a restart,
+        a lost connection) is opened again after the last record seen, so every record arrives
+        exactly once; break out of the loop to stop."""
+        last = after_seq
+        wait = _RECONNECT_S
+        while True:
+            request = live_pb2.WatchRequest(
+                session=session, after_seq=last, follow=follow, include_deltas=include_deltas
+            )
+            try:
+                async for update in self.live.Watch(request, metadata=self._metadata):
+                    wait = _RECONNECT_S
+                    if update.HasField("record"):
+                        last = update.record.seq
+                    yield update
+                return
+            except grpc.aio.AioRpcError as exc:
+                if not reconnect or exc.code() not in _RECONNECT_CODES:
+                    raise
+            await asyncio.sleep(wait)
+            wait = min(_RECONNECT_CAP_S, wait * 2)
 
     async def replay(
         self, session: str, from_seq: int = 0, to_seq: int = 0
@@ -133,6 +206,7 @@ class SessionsClient:
         approved: bool,
         reason: str = "",
         identity: common_pb2.IdentityRef | None = None,
+        idempotency_key: str | None = None,
     ) -> session_pb2.ApproveResponse:
         request = session_pb2.ApproveRequest(
             session=session,
@@ -144,7 +218,9 @@ class SessionsClient:
         )
         if identity is not None:
             request.identity.CopyFrom(identity)
-        result: session_pb2.ApproveResponse = await self.stub.Approve(request, metadata=self._metadata)
+        result: session_pb2.ApproveResponse = await self.stub.Approve(
+            request, metadata=self._keyed(idempotency_key)
+        )
         return result
 
     async def suspend(self, session: str) -> session_pb2.Session:
@@ -167,6 +243,7 @@ class SessionsClient:
         count: int = 1,
         child_names: Sequence[str] = (),
         labels: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
     ) -> list[session_pb2.Session]:
         response = await self.stub.Fork(
             session_pb2.ForkRequest(
@@ -176,14 +253,16 @@ class SessionsClient:
                 child_names=list(child_names),
                 labels=dict(labels or {}),
             ),
-            metadata=self._metadata,
+            metadata=self._keyed(idempotency_key),
         )
         return list(response.children)
 
-    async def cancel(self, session: str, execution_id: str = "", reason: str = "") -> session_pb2.Session:
+    async def cancel(
+        self, session: str, execution_id: str = "", reason: str = "", *, idempotency_key: str | None = None
+    ) -> session_pb2.Session:
         result: session_pb2.Session = await self.stub.Cancel(
             session_pb2.CancelRequest(session=session, execution_id=execution_id, reason=reason),
-            metadata=self._metadata,
+            metadata=self._keyed(idempotency_key),
         )
         return result
 
@@ -192,3 +271,25 @@ class SessionsClient:
             session_pb2.DeleteSessionRequest(uid=uid), metadata=self._metadata
         )
         return result
+
+
+def _exec_request(
+    session: str,
+    inputs: Sequence[str | common_pb2.Message],
+    harness: str,
+    config: bytes,
+    resume_from_seq: int,
+    expected_last_seq: int | None,
+    deadline_unix: int,
+) -> session_pb2.ExecRequest:
+    request = session_pb2.ExecRequest(
+        session=session,
+        inputs=[text_message("user", i) if isinstance(i, str) else i for i in inputs],
+        harness=harness,
+        config=config,
+        resume_from_seq=resume_from_seq,
+        deadline_unix=deadline_unix,
+    )
+    if expected_last_seq is not None:
+        request.expected_last_seq = expected_last_seq
+    return request

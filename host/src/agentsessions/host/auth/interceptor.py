@@ -26,6 +26,7 @@ from agentsessions.host.interception import around_handler
 
 SESSIONS = "agentsessions.v1.Sessions"
 REGISTRY = "agentsessions.v1.HarnessRegistry"
+LIVE = "agentsessions.ext.v1.LiveSessions"
 
 # Reachable without credentials: probes and tooling must work before anyone has a token.
 OPEN_SERVICES = frozenset(
@@ -50,6 +51,8 @@ SESSIONS_ROLES: Mapping[str, str] = {
     "Approve": APPROVER,
 }
 
+LIVE_ROLES: Mapping[str, str] = {"Watch": READER, "Submit": WRITER}
+
 _AUTHORIZATION = "authorization"
 _BEARER = "bearer"
 
@@ -64,6 +67,8 @@ def required_role(method: str) -> str | None:
         return None
     if service == SESSIONS:
         return SESSIONS_ROLES.get(name, ADMIN)
+    if service == LIVE:
+        return LIVE_ROLES.get(name, ADMIN)
     return ADMIN
 
 

@@ -17,22 +17,27 @@ from collections.abc import AsyncIterator, Callable
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
 from agentsessions.host.controller import approvals, cancel, fork, recovery, replay, sessions, turns
 from agentsessions.host.controller.access import OPEN_ACCESS, SessionAccess
+from agentsessions.host.controller.admission import Admission, LiveAdmission
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.drive import Driver, RunningTurns
+from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.guard import SessionGuards
 from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
+from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
 from agentsessions.host.controller.replay import ReplayReport
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
-from agentsessions.host.controller.turns import ExecParams, Turn
+from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal import encode_page_token
+from agentsessions.host.journal.live import LiveStore
 from agentsessions.host.journal.store import JournalStore, JournalUnavailableError, SessionRow
 from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
@@ -58,6 +63,7 @@ class Controller:
         approval_policy: ApprovalPolicy | None = None,
         access: SessionAccess | None = None,
         limits: Limits | None = None,
+        live: LiveSettings | None = None,
     ) -> None:
         self.store = store
         # Request, record and concurrency limits; the servicer checks requests against them too.
@@ -70,6 +76,19 @@ class Controller:
         ids: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
         cache = JournalCache(store)
         self.guards = SessionGuards(cancel_grace_s)
+        # With ``live`` (and a store that keeps live tables): leases, keys, queues, Watch (live.py).
+        live_store = LiveStore.of(store) if live is not None else None
+        running = RunningTurns()
+        driver: Driver = Driver(running)
+        admission: Admission = Admission()
+        keeper: LeaseKeeper | None = None
+        if live is not None and live_store is not None:
+            leases = LeaseSettings(live.lease_ttl_s, live.recover, live.backoff_s)
+            keeper = LeaseKeeper(live_store, running, leases, cancel_grace_s=cancel_grace_s)
+            driver = LeasedDriver(running, keeper)
+            admission = LiveAdmission(
+                live_store, keeper, recover=self._recover_first if live.recover else None
+            )
         self._core = Core(
             store=store,
             cache=cache,
@@ -85,7 +104,7 @@ class Controller:
                 # Streamed model text: frames of up to 1 KiB, at most 200 ms late (controller.deltas).
                 delta_batching=delta_batching,
             ),
-            driver=Driver(RunningTurns()),
+            driver=driver,
             guards=self.guards,
             policy=self.approval_policy,
             # Who may act on which project, and who is journaled as the actor (access.py).
@@ -96,7 +115,16 @@ class Controller:
             cancel_grace_s=cancel_grace_s,
             limits=self.limits,
             slots=ExecutionSlots(self.limits),
+            admission=admission,
         )
+        self.live: LiveSessions | None = None
+        if live is not None and live_store is not None and keeper is not None:
+            assert isinstance(admission, LiveAdmission)
+            self.live = LiveSessions(self._core, live_store, keeper, admission, live)
+
+    async def _recover_first(self, core: Core, row: SessionRow, ex: Execution) -> None:
+        assert self.live is not None
+        await self.live.recover(core, row, ex)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -111,6 +139,8 @@ class Controller:
 
     async def create_session(self, requested: SessionRow, *, call: CallContext = ANONYMOUS) -> SessionView:
         """A new session from what a caller may set on ``requested`` (see sessions.create)."""
+        if self.live is not None:
+            return await self.live.create_session(requested, call)
         return await sessions.create(self._core, call, requested)
 
     async def list_sessions(
@@ -132,12 +162,18 @@ class Controller:
     # -- turns, recovery, replay ----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admit_exec(self, p: ExecParams, *, call: CallContext = ANONYMOUS) -> AsyncIterator[Turn]:
+    async def admit_exec(
+        self, p: ExecParams, *, call: CallContext = ANONYMOUS
+    ) -> AsyncIterator[AdmittedTurn]:
         """Route an Exec; errors raised here precede any frame. The session is guarded while the
         returned turn is alive."""
         if self.store.health.failure is not None:
             # Nothing could be journaled: refuse before the first frame, not after it.
             raise JournalUnavailableError(self.store.health.failure)
+        if self.live is not None:
+            async with self.live.admit_exec(p, call) as admitted:
+                yield admitted
+            return
         async with turns.admit(self._core, call, p) as turn:
             yield turn
 
@@ -160,11 +196,15 @@ class Controller:
     # -- fork, approvals, cancel ----------------------------------------------------------------
 
     async def fork(self, uid: str, p: ForkParams, *, call: CallContext = ANONYMOUS) -> list[SessionView]:
+        if self.live is not None:
+            return await self.live.fork(uid, p, call)
         return await fork.fork(self._core, call, uid, p)
 
     async def approve(
         self, uid: str, decision: Decision, *, call: CallContext = ANONYMOUS
     ) -> tuple[SessionView, common_pb2.LogRecord]:
+        if self.live is not None:
+            return await self.live.approve(uid, decision, call)
         return await approvals.approve(self._core, call, uid, decision)
 
     async def cancel(
@@ -172,5 +212,8 @@ class Controller:
     ) -> SessionView:
         """Stop this host's running turn of a session, or close a turn parked on an approval;
         a no-op on an idle or finished session."""
-        await cancel.cancel(self._core, call, uid, execution_id, reason)
+        if self.live is not None:
+            await self.live.cancel(uid, execution_id, reason, call)
+        else:
+            await cancel.cancel(self._core, call, uid, execution_id, reason)
         return await self.view(uid, call=call)

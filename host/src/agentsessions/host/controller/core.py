@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentsessions.host.controller.access import SessionAccess
+from agentsessions.host.controller.admission import Admission
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.drive import Driver
 from agentsessions.host.controller.guard import SessionGuards
@@ -40,3 +41,5 @@ class Core:
     cancel_grace_s: float
     limits: Limits  # request, record and concurrency limits (agentsessions.host.limits)
     slots: ExecutionSlots  # executions running on this host, bounded by the limits
+    # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
+    admission: Admission

@@ -48,6 +48,8 @@ class RunningTurn:
     task: asyncio.Task[Any]
     harness: Harness
     cancel_reason: str | None = None
+    # Why the task is cut when it is not Cancel (journaled in the ERROR); None: the caller went away.
+    interrupt_reason: str | None = None
 
     async def stop(self, reason: str, grace_s: float) -> None:
         """Ask the harness to cancel (or cut the task when it cannot), then wait, bounded, for the
@@ -78,6 +80,9 @@ class RunningTurns:
 
     def remove(self, uid: str) -> None:
         self._turns.pop(uid, None)
+
+    def all(self) -> list[tuple[str, RunningTurn]]:
+        return list(self._turns.items())
 
 
 class Driver:
@@ -138,7 +143,9 @@ class Driver:
                         common_pb2.Event(
                             kind=K.EVENT_ERROR,
                             error=common_pb2.Error(
-                                code=1, description="execution cancelled: the caller went away"
+                                code=1,
+                                description=running.interrupt_reason
+                                or "execution cancelled: the caller went away",
                             ),
                         )
                     )

@@ -24,10 +24,15 @@ class InvalidArgumentError(ControllerError):
 
 
 class SessionBusyError(ControllerError):
-    """Another Exec/Suspend/Resume/Approve/Fork holds the session on this host."""
+    """Another Exec/Suspend/Resume/Approve/Fork holds the session on this host (or, as ``why``
+    says, the session's turn runs on another host, or turns are queued before this one)."""
 
-    def __init__(self, uid: str) -> None:
-        super().__init__(f"session {uid!r} is busy with another operation on this host")
+    def __init__(self, uid: str, why: str = "with another operation on this host") -> None:
+        super().__init__(f"session {uid!r} is busy {why}")
+
+
+class IdempotencyKeyConflictError(ControllerError):
+    """The request's idempotency-key was already used for a different request."""
 
 
 class ConcurrencyError(ControllerError):

@@ -27,6 +27,7 @@ class ForkParams:
     count: int = 1  # <= 0: one child
     child_names: Sequence[str] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    child_uids: Sequence[str] = ()  # planned by the host (an idempotent retry); else minted
 
 
 async def fork(core: Core, call: CallContext, uid: str, p: ForkParams) -> list[SessionView]:
@@ -58,7 +59,7 @@ async def fork(core: Core, call: CallContext, uid: str, p: ForkParams) -> list[S
     now = time.time_ns()
     children = [
         SessionRow(
-            uid=new_session_uid(),
+            uid=p.child_uids[i] if p.child_uids else new_session_uid(),
             project=parent.project,
             name=child_names[i] if child_names else "",
             harness=parent.harness,

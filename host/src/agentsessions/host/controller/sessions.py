@@ -92,7 +92,8 @@ async def look(core: Core, call: CallContext, uid: str) -> SessionView:
 
 async def create(core: Core, call: CallContext, requested: SessionRow) -> SessionView:
     """A new session from what the caller may set on ``requested`` (project, name, harness,
-    model, labels, annotations, origin, identity); uid, times and derived fields are the host's."""
+    model, labels, annotations, origin, identity); uid (unless the host planned one on
+    ``requested``), times and derived fields are the host's."""
     resolved = await core.catalog.resolve(requested.harness, for_new_session=True)
     project = requested.project or core.default_project
     core.access.check_project(call, project)
@@ -109,7 +110,7 @@ async def create(core: Core, call: CallContext, requested: SessionRow) -> Sessio
     now = time.time_ns()
     fresh = dataclasses.replace(
         requested,
-        uid=new_session_uid(),
+        uid=requested.uid or new_session_uid(),
         project=project,
         harness=resolved.name,
         labels=dict(requested.labels),

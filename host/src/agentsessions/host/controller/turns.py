@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import approvals, compute, recovery, sessions
+from agentsessions.host.controller.admission import Ticket
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.drive import settled
 from agentsessions.host.controller.errors import (
@@ -25,6 +26,7 @@ from agentsessions.host.controller.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
 )
+from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
 from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
@@ -50,6 +52,8 @@ class ExecParams:
     resume_from_seq: int = 0
     expected_last_seq: int | None = None
     deadline_unix: int = 0
+    execution_id: str = ""  # set by the host for a turn it planned (a queued one); else minted
+    ticket: Ticket | None = None  # what the host's admission carries besides the request
 
 
 class Relay:
@@ -76,6 +80,7 @@ class Turn:
     resolved: ResolvedHarness
     recovery: Gate | None  # the approval gate an inputless Exec recovers
     events: list[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
+    interrupted: Execution | None = None  # cut short by a crash: recovered before this turn
 
     async def run(self) -> AsyncIterator[Update]:
         relay = Relay()
@@ -123,11 +128,12 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
                 f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
                 f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
             )
+        interrupted = await core.admission.check(core, row, events, executions, p)
         async with core.guards.hold(row.uid):
             # Taking the guard did not yield: the journal read above is still this host's latest
             # (another host's write is caught by the fence mint and the append, both CAS).
             view = await sessions.view(core, row, (events, executions))
-            yield Turn(core, call, p, view, resolved, gate, events)
+            yield Turn(core, call, p, view, resolved, gate, events, interrupted)
 
 
 async def _route(core: Core, row: SessionRow, override: str) -> ResolvedHarness:
@@ -154,11 +160,10 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
     if turn.recovery is not None:
         return await _recover(turn, turn.recovery, relay)
     # As read at admission: the guard has kept this host's writers out since.
-    events = turn.events
-    expected = p.expected_last_seq if p.expected_last_seq is not None else len(events)
+    events, expected = await core.admission.prepare(core, row, p, turn.events, turn.interrupted)
     history = Prefix(events)  # the journal as admitted, not a copy of it
     await compute.attach(resolved, row.uid)
-    execution_id = core.new_id()
+    execution_id = p.execution_id or core.new_id()
     start_event = common_pb2.Event(
         execution_id=execution_id,
         kind=K.EVENT_EXECUTION_START,
@@ -173,7 +178,7 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
     inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
     # The incarnation's fence is minted by its first append, in the same transaction: one durable
     # commit, and only the writer that wins the head supersedes the one before it.
-    records = await core.writer.append(row.uid, [start_event, *inputs], expected, 0, mint_fence=True)
+    records = await core.admission.start(core, row, p, [start_event, *inputs], expected)
     for rec in records:
         await relay.record(rec)
     start = Start(
@@ -185,7 +190,9 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         resume_from_seq=p.resume_from_seq,
     )
     writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
-    sink = core.sinks.live(row, execution_id, writer, relay.delta, descriptor=desc)
+    sink = core.sinks.live(
+        row, execution_id, writer, core.admission.deltas(row.uid, relay.delta), descriptor=desc
+    )
     parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
     return await sessions.look(core, turn.call, row.uid) if parked is not None else None
 

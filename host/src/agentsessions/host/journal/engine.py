@@ -36,6 +36,7 @@ from agentsessions.host.journal import (
 )
 from agentsessions.host.journal.dialect import Dialect, Transaction
 from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.groupcommit import GroupCommit
 from agentsessions.host.journal.health import JournalHealth
 from agentsessions.host.journal.rules import AppendRequest, MintRequest, SessionHead
@@ -112,6 +113,8 @@ class DialectStore:
         if not dialect.immediate:
             self._queue = GroupCommit(self._commit, max_batch=max_batch, max_in_flight=dialect.max_in_flight)
         self.stats = WriterStats()
+        # What this process made durable, announced to whoever follows a session (live Watch).
+        self.feed = JournalFeed()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -275,7 +278,9 @@ class DialectStore:
             view.forget(uid)
             return dataclasses.replace(row, update_time_ns=now)
 
-        return await self.write("delete session", program)
+        deleted: SessionRow = await self.write("delete session", program)
+        self.feed.deleted(uid)
+        return deleted
 
     async def new_fence(self, uid: str, expected_head: int | None = None) -> int:
         fence: int = await self._submit("new fence", MintRequest(uid, expected_head), None)
@@ -295,7 +300,9 @@ class DialectStore:
         prepared = rules.prepare_events(events)
         request = AppendRequest(uid, prepared, expected_head, fence, mint_fence)
         appended: rules.Appended = await self._submit("append", request, None)
-        return rules.appended_records(prepared, appended)
+        records = rules.appended_records(prepared, appended)
+        self.feed.appended(uid, records)
+        return records
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
         self._check_open("read")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -19,6 +19,7 @@ from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
 from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.live_memory import LiveTables, MemoryLiveStatements, SessionState
 from agentsessions.host.journal.rules import (
     UNKNOWN_EXEC,
     ChainCheck,
@@ -53,6 +54,7 @@ class _Memory:
     journals: dict[str, list[StoredRecord]] = field(default_factory=dict)
     harnesses: dict[str, bytes] = field(default_factory=dict)
     receipts: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    live: LiveTables = field(default_factory=LiveTables)  # leases, idempotency keys, queued turns
 
     def records(self, uid: str) -> list[StoredRecord]:
         return self.journals.get(uid, [])
@@ -95,11 +97,17 @@ def _own_row(row: SessionRow) -> SessionRow:
     )
 
 
-class _MemoryTransaction:
+class _MemoryTransaction(MemoryLiveStatements):
     """Statements on the dicts. Nobody else writes them, so the head cache is always good."""
 
     def __init__(self, memory: _Memory) -> None:
         self._m = memory
+
+    def _live_tables(self) -> LiveTables:
+        return self._m.live
+
+    def _session_states(self) -> Mapping[str, SessionState]:
+        return self._m.sessions
 
     async def foreign_writes(self) -> bool:
         return False

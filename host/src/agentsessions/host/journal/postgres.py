@@ -30,6 +30,7 @@ from agentsessions.host.journal import PostgresURLError, execstate, redact_url, 
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
 from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.live_postgres import PostgresLiveStatements, create_live_tables
 from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.store import (
     ConflictError,
@@ -298,7 +299,7 @@ def _columns(rows: Sequence[StoredRecord]) -> tuple[list[Any], ...]:
     )
 
 
-class _Transaction:
+class _Transaction(PostgresLiveStatements):
     """Statements on one pooled connection, inside its transaction."""
 
     def __init__(self, conn: Any) -> None:
@@ -603,6 +604,9 @@ class PostgresStore(DialectStore):
         try:
             async with pool.acquire() as conn:
                 await _migrate(conn, shown, apply=migrate)
+                if migrate:
+                    with _driver_errors(f"create the live tables of {shown}"):
+                        await create_live_tables(conn)
         except BaseException:
             await pool.close()
             raise

@@ -37,6 +37,7 @@ from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DEFAULT_MAX_BATCH, DialectStore, WriterStats
 from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.live_sqlite import SqliteLiveStatements, create_live_tables
 from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.store import (
     ConflictError,
@@ -412,7 +413,7 @@ def _resolved(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> l
 # -- the writer's transaction ------------------------------------------------------------------
 
 
-class _Transaction:
+class _Transaction(SqliteLiveStatements):
     """Statements on the writer connection, inside its BEGIN IMMEDIATE transaction."""
 
     def __init__(self, dialect: _SqliteDialect, db: sqlite3.Connection) -> None:
@@ -770,6 +771,7 @@ class SqliteStore(DialectStore):
             writer = await _Connection.open(where, busy_timeout_ms, "writer")
             opened.append(writer)
             await writer.run(_prepare, where, mode)
+            await writer.run(_create_live_tables, where)
             for role in ("reader", "records", "scanner"):
                 connection = await _Connection.open(where, busy_timeout_ms, role)
                 opened.append(connection)
@@ -840,6 +842,13 @@ def _project_existing_sessions(db: sqlite3.Connection) -> None:
             events.append(event)
         projection = execstate.fold(events, fork_seq=int(fork_seq))
         db.execute("UPDATE sessions SET exec_projection = ? WHERE session = ?", (projection.encode(), uid))
+
+
+def _create_live_tables(db: sqlite3.Connection, path: str) -> None:
+    try:
+        create_live_tables(db)
+    except sqlite3.Error as exc:
+        raise SchemaError(f"cannot create the live tables of SQLite journal {path}: {exc}") from None
 
 
 def _identity(db: sqlite3.Connection) -> tuple[int, int, list[str]]:

@@ -324,3 +324,9 @@ def _exec_params(r: session_pb2.ExecRequest, limits: Limits) -> ExecParams:
         expected_last_seq=expected,
         deadline_unix=r.deadline_unix,
     )
+
+
+# The handler wrappers and Exec's request translation, shared with the LiveSessions servicer.
+unary_handler = _unary
+streaming_handler = _streaming
+exec_params = _exec_params

@@ -32,6 +32,7 @@ _TABLE: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (ce.ReplayDivergedError, grpc.StatusCode.INTERNAL),
     (ce.HarnessRunError, grpc.StatusCode.INTERNAL),
     (js.SessionExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (ce.IdempotencyKeyConflictError, grpc.StatusCode.ALREADY_EXISTS),
     (js.InvalidPageTokenError, grpc.StatusCode.INVALID_ARGUMENT),
 ]
 

@@ -4,6 +4,7 @@
     agentsessions exec -s UID hi                 # streams the turn as it happens
     agentsessions approve UID                    # decides the pending approval, then continues the turn
     agentsessions log UID                        # the stored records (Sessions.Replay)
+    agentsessions watch UID                      # follow it live (LiveSessions.Watch)
     agentsessions verify UID                     # recomputes the hash chain over the wire
 
 Every command takes ``--server`` (``AGENTSESSIONS_SERVER``), TLS and token options
@@ -12,9 +13,8 @@ Every command takes ``--server`` (``AGENTSESSIONS_SERVER``), TLS and token optio
 Names: the wire replay is ``log`` because ``agentsessions replay --journal`` is the offline
 controller replay (``agentsessions.host.replay_cli``), which re-runs the harness against a journal file.
 
-``watch`` (follow a session's records live) slots in once the Watch RPC exists: a ``watch``
-function in :mod:`.commands` that feeds each streamed record to ``render.TurnView.record`` (as
-``log --turns`` does for stored ones), registered below with ``_command``.
+``watch`` follows a session live (LiveSessions.Watch): each streamed record goes to
+``render.TurnView.record``, as ``log --turns`` does for stored ones.
 """
 
 from __future__ import annotations
@@ -139,6 +139,14 @@ def add_parser(sub: _Subparsers) -> None:
     p.add_argument("--execution", default="", metavar="ID", help="the execution (default: the running one)")
     p.add_argument("--reason", default="", help="why, journaled")
     _command(sub, "delete", commands.delete, "delete a session")
+
+    p = _command(
+        sub, "watch", commands.watch, "follow a session live: records, streamed output, state changes"
+    )
+    p.add_argument("--after", type=int, default=0, metavar="SEQ", help="start after this seq (default: 0)")
+    p.add_argument("--no-follow", action="store_true", help="print the stored records and stop")
+    p.add_argument("--no-deltas", action="store_true", help="print model output when it is journaled only")
+    p.add_argument("--verbose", "-v", action="store_true", help="also print every record as it is journaled")
 
     p = _command(sub, "log", commands.log, "print a session's stored records (Sessions.Replay)")
     p.add_argument("--from", dest="from_seq", type=int, default=0, metavar="SEQ", help="first seq")

@@ -408,6 +408,37 @@ async def log(call: Call) -> int:
     return EXIT_OK
 
 
+async def watch(call: Call) -> int:
+    """``watch``: follow a session live (LiveSessions.Watch): its records after ``--after``, then
+    each new one as it becomes durable, rendered as ``exec`` renders a turn (``--json``: each
+    update as proto3 JSON). A stream the host breaks is reopened after the last record seen."""
+    args = call.args
+    view = TurnView(out=call.out, verbose=bool(args.verbose))
+    shown: tuple[int, int] | None = None
+    updates = call.client.watch(
+        args.session, after_seq=args.after, follow=not args.no_follow, include_deltas=not args.no_deltas
+    )
+    async for update in updates:
+        if call.as_json:
+            call.emit(update)
+            continue
+        which = update.WhichOneof("update")
+        if which == "record":
+            view.record(update.record)
+        elif which == "delta":
+            view.delta(update.delta)
+        elif which == "session":
+            session = update.session
+            if shown is None:
+                call.note(f"watching {_session_line(session)}")
+            elif (session.exec_state, session.compute_state) != shown:
+                view.state(session)
+            shown = (session.exec_state, session.compute_state)
+        elif which == "queue":
+            view.queue(len(update.queue.turns))
+    return EXIT_OK
+
+
 @dataclass
 class ChainCheck:
     """Recomputes a chain record by record (spec 3.2) with the host's canonical hashing."""

@@ -5,8 +5,8 @@ one object for a unary call, one line per item for a stream (``list``, ``log``, 
 
 For a person, :class:`TurnView` renders a stream of Exec frames as it arrives: model output as
 running text (the deltas), then tool calls, tool results, approvals, usage and errors on lines of
-their own. It takes records from any source, so ``log`` uses it too, and so will ``watch`` when
-the live Watch RPC exists (feed it each record as it comes).
+their own. It takes records from any source, so ``log`` and ``watch`` (LiveSessions.Watch, each
+record as it becomes durable) use it too.
 """
 
 from __future__ import annotations
@@ -185,6 +185,14 @@ class TurnView:
         elif which == "session" and update.session.HasField("pending_approval"):
             self.parked = update.session
             self.outcome = "awaiting"
+
+    def state(self, session: session_pb2.Session) -> None:
+        """A change of the session's derived state (``watch``)."""
+        self._say(f"   [{state_name(session).lower()}]")
+
+    def queue(self, turns: int) -> None:
+        """The session's queued turns changed (``watch``)."""
+        self._say(f"   [{turns} turn(s) queued]" if turns else "   [no turns queued]")
 
     def learn(self, record: common_pb2.LogRecord) -> None:
         """Take what an earlier record says (tool names) without printing it."""

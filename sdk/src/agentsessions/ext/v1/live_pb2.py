@@ -25,25 +25,30 @@ _sym_db = _symbol_database.Default()
 from agentsessions.v1 import common_pb2 as agentsessions_dot_v1_dot_common__pb2
 from agentsessions.v1 import session_pb2 as agentsessions_dot_v1_dot_session__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61gentsessions/ext/v1/live.proto\x12\x14\x61gentsessions.ext.v1\x1a\x1d\x61gentsessions/v1/common.proto\x1a\x1e\x61gentsessions/v1/session.proto\x1a\x1cgoogle/protobuf/struct.proto\"Z\n\x0cWatchRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x16\n\x0einclude_deltas\x18\x04 \x01(\x08\"\x9e\x01\n\x0bWatchUpdate\x12-\n\x06record\x18\x01 \x01(\x0b\x32\x1b.agentsessions.v1.LogRecordH\x00\x12(\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x17.agentsessions.v1.DeltaH\x00\x12,\n\x07session\x18\x03 \x01(\x0b\x32\x19.agentsessions.v1.SessionH\x00\x42\x08\n\x06update\"\x9b\x01\n\rSubmitRequest\x12+\n\x04\x65xec\x18\x01 \x01(\x0b\x32\x1d.agentsessions.v1.ExecRequest\x12-\n\x07on_busy\x18\x02 \x01(\x0e\x32\x1c.agentsessions.ext.v1.OnBusy\x12.\n\rresult_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"u\n\x0eSubmitResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.agentsessions.v1.Session\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x11\n\tstart_seq\x18\x03 \x01(\x03\x12\x0e\n\x06queued\x18\x04 \x01(\x08*a\n\x06OnBusy\x12\x17\n\x13ON_BUSY_UNSPECIFIED\x10\x00\x12\x12\n\x0eON_BUSY_REJECT\x10\x01\x12\x13\n\x0fON_BUSY_ENQUEUE\x10\x02\x12\x15\n\x11ON_BUSY_INTERRUPT\x10\x03\x32\xb5\x01\n\x0cLiveSessions\x12P\n\x05Watch\x12\".agentsessions.ext.v1.WatchRequest\x1a!.agentsessions.ext.v1.WatchUpdate0\x01\x12S\n\x06Submit\x12#.agentsessions.ext.v1.SubmitRequest\x1a$.agentsessions.ext.v1.SubmitResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x61gentsessions/ext/v1/live.proto\x12\x14\x61gentsessions.ext.v1\x1a\x1d\x61gentsessions/v1/common.proto\x1a\x1e\x61gentsessions/v1/session.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"Z\n\x0cWatchRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x03\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\x12\x16\n\x0einclude_deltas\x18\x04 \x01(\x08\"\xd0\x01\n\x0bWatchUpdate\x12-\n\x06record\x18\x01 \x01(\x0b\x32\x1b.agentsessions.v1.LogRecordH\x00\x12(\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x17.agentsessions.v1.DeltaH\x00\x12,\n\x07session\x18\x03 \x01(\x0b\x32\x19.agentsessions.v1.SessionH\x00\x12\x30\n\x05queue\x18\x04 \x01(\x0b\x32\x1f.agentsessions.ext.v1.TurnQueueH\x00\x42\x08\n\x06update\"<\n\tTurnQueue\x12/\n\x05turns\x18\x01 \x03(\x0b\x32 .agentsessions.ext.v1.QueuedTurn\"\x8e\x01\n\nQueuedTurn\x12\x14\n\x0c\x65xecution_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12)\n\x06inputs\x18\x03 \x03(\x0b\x32\x19.agentsessions.v1.Message\x12-\n\tqueued_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9b\x01\n\rSubmitRequest\x12+\n\x04\x65xec\x18\x01 \x01(\x0b\x32\x1d.agentsessions.v1.ExecRequest\x12-\n\x07on_busy\x18\x02 \x01(\x0e\x32\x1c.agentsessions.ext.v1.OnBusy\x12.\n\rresult_schema\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x92\x01\n\x0eSubmitResponse\x12*\n\x07session\x18\x01 \x01(\x0b\x32\x19.agentsessions.v1.Session\x12\x14\n\x0c\x65xecution_id\x18\x02 \x01(\t\x12\x11\n\tstart_seq\x18\x03 \x01(\x03\x12\x0e\n\x06queued\x18\x04 \x01(\x08\x12\x1b\n\x13queued_execution_id\x18\x05 \x01(\t*a\n\x06OnBusy\x12\x17\n\x13ON_BUSY_UNSPECIFIED\x10\x00\x12\x12\n\x0eON_BUSY_REJECT\x10\x01\x12\x13\n\x0fON_BUSY_ENQUEUE\x10\x02\x12\x15\n\x11ON_BUSY_INTERRUPT\x10\x03\x32\xb5\x01\n\x0cLiveSessions\x12P\n\x05Watch\x12\".agentsessions.ext.v1.WatchRequest\x1a!.agentsessions.ext.v1.WatchUpdate0\x01\x12S\n\x06Submit\x12#.agentsessions.ext.v1.SubmitRequest\x1a$.agentsessions.ext.v1.SubmitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentsessions.ext.v1.live_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ONBUSY']._serialized_start=680
-  _globals['_ONBUSY']._serialized_end=777
-  _globals['_WATCHREQUEST']._serialized_start=150
-  _globals['_WATCHREQUEST']._serialized_end=240
-  _globals['_WATCHUPDATE']._serialized_start=243
-  _globals['_WATCHUPDATE']._serialized_end=401
-  _globals['_SUBMITREQUEST']._serialized_start=404
-  _globals['_SUBMITREQUEST']._serialized_end=559
-  _globals['_SUBMITRESPONSE']._serialized_start=561
-  _globals['_SUBMITRESPONSE']._serialized_end=678
-  _globals['_LIVESESSIONS']._serialized_start=780
-  _globals['_LIVESESSIONS']._serialized_end=961
+  _globals['_ONBUSY']._serialized_start=1000
+  _globals['_ONBUSY']._serialized_end=1097
+  _globals['_WATCHREQUEST']._serialized_start=183
+  _globals['_WATCHREQUEST']._serialized_end=273
+  _globals['_WATCHUPDATE']._serialized_start=276
+  _globals['_WATCHUPDATE']._serialized_end=484
+  _globals['_TURNQUEUE']._serialized_start=486
+  _globals['_TURNQUEUE']._serialized_end=546
+  _globals['_QUEUEDTURN']._serialized_start=549
+  _globals['_QUEUEDTURN']._serialized_end=691
+  _globals['_SUBMITREQUEST']._serialized_start=694
+  _globals['_SUBMITREQUEST']._serialized_end=849
+  _globals['_SUBMITRESPONSE']._serialized_start=852
+  _globals['_SUBMITRESPONSE']._serialized_end=998
+  _globals['_LIVESESSIONS']._serialized_start=1100
+  _globals['_LIVESESSIONS']._serialized_end=1281
 # @@protoc_insertion_point(module_scope)

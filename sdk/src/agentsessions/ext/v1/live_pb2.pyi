@@ -7,9 +7,12 @@ harness never sees them; every record they produce or deliver is an ordinary v1 
 
 from agentsessions.v1 import common_pb2 as _common_pb2
 from agentsessions.v1 import session_pb2 as _session_pb2
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -93,6 +96,7 @@ class WatchUpdate(_message.Message):
     RECORD_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def record(self) -> _common_pb2.LogRecord:
         """A durable journal record."""
@@ -105,22 +109,89 @@ class WatchUpdate(_message.Message):
     def session(self) -> _session_pb2.Session:
         """The session, first, and again whenever its derived state changes."""
 
+    @_builtins.property
+    def queue(self) -> Global___TurnQueue:
+        """The session's queued turns (ON_BUSY_ENQUEUE), when it has some and whenever they change."""
+
     def __init__(
         self,
         *,
         record: _common_pb2.LogRecord | None = ...,
         delta: _session_pb2.Delta | None = ...,
         session: _session_pb2.Session | None = ...,
+        queue: Global___TurnQueue | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "record", b"record", "session", b"session", "update", b"update"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "queue", b"queue", "record", b"record", "session", b"session", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "record", b"record", "session", b"session", "update", b"update"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "queue", b"queue", "record", b"record", "session", b"session", "update", b"update"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_update: _TypeAlias = _typing.Literal["record", "delta", "session"]  # noqa: Y015
+    _WhichOneofReturnType_update: _TypeAlias = _typing.Literal["record", "delta", "session", "queue"]  # noqa: Y015
     _WhichOneofArgType_update: _TypeAlias = _typing.Literal["update", b"update"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_update) -> _WhichOneofReturnType_update | None: ...
 
 Global___WatchUpdate: _TypeAlias = WatchUpdate  # noqa: Y015
+
+@_typing.final
+class TurnQueue(_message.Message):
+    """The turns queued on a session, in the order they will run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueuedTurn]:
+        """First to run first; empty when the last queued turn has started."""
+
+    def __init__(
+        self,
+        *,
+        turns: _abc.Iterable[Global___QueuedTurn] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TurnQueue: _TypeAlias = TurnQueue  # noqa: Y015
+
+@_typing.final
+class QueuedTurn(_message.Message):
+    """One queued turn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXECUTION_ID_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
+    QUEUED_AT_FIELD_NUMBER: _builtins.int
+    execution_id: _builtins.str
+    """The execution the turn will run as (its EXECUTION_START carries this id)."""
+    position: _builtins.int
+    """Its place in the session's queue (increasing)."""
+    @_builtins.property
+    def inputs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
+        """The turn's inputs."""
+
+    @_builtins.property
+    def queued_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was queued."""
+
+    def __init__(
+        self,
+        *,
+        execution_id: _builtins.str = ...,
+        position: _builtins.int = ...,
+        inputs: _abc.Iterable[_common_pb2.Message] | None = ...,
+        queued_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queued_at", b"queued_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "inputs", b"inputs", "position", b"position", "queued_at", b"queued_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueuedTurn: _TypeAlias = QueuedTurn  # noqa: Y015
 
 @_typing.final
 class SubmitRequest(_message.Message):
@@ -166,12 +237,15 @@ class SubmitResponse(_message.Message):
     EXECUTION_ID_FIELD_NUMBER: _builtins.int
     START_SEQ_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
+    QUEUED_EXECUTION_ID_FIELD_NUMBER: _builtins.int
     execution_id: _builtins.str
     """The execution the turn runs as (empty while it is queued)."""
     start_seq: _builtins.int
     """The seq of its EXECUTION_START record (0 while it is queued)."""
     queued: _builtins.bool
     """True when the input was queued behind a running turn."""
+    queued_execution_id: _builtins.str
+    """While queued: the execution the turn will run as (watch for its EXECUTION_START)."""
     @_builtins.property
     def session(self) -> _session_pb2.Session:
         """The session, as admitted (created first when the request named none)."""
@@ -183,10 +257,11 @@ class SubmitResponse(_message.Message):
         execution_id: _builtins.str = ...,
         start_seq: _builtins.int = ...,
         queued: _builtins.bool = ...,
+        queued_execution_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "queued", b"queued", "session", b"session", "start_seq", b"start_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["execution_id", b"execution_id", "queued", b"queued", "queued_execution_id", b"queued_execution_id", "session", b"session", "start_seq", b"start_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,284 @@
+"""The live tables (``agentsessions.host.journal.live``) of the SQLite dialect.
+
+Created when the store opens (``CREATE TABLE IF NOT EXISTS``: they are not part of the journal's
+schema version, and a host without them ignores them). Statements run on the writer connection
+inside its ``BEGIN IMMEDIATE`` transaction, like every other write.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Final
+
+from agentsessions.host.journal.live import PARKED, RETRY, RUNNING, KeyRecord, Lease, QueuedTurn
+
+__all__ = ["SqliteLiveStatements", "create_live_tables"]
+
+_DDL: Final = (
+    """
+    CREATE TABLE IF NOT EXISTS live_leases (
+        session TEXT NOT NULL,
+        execution_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        owner TEXT NOT NULL DEFAULT '',
+        expires_at INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at INTEGER NOT NULL DEFAULT 0,
+        seen_seq INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT NOT NULL DEFAULT '',
+        cancel_reason TEXT,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (session, execution_id)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS live_idempotency (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        method TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        state TEXT NOT NULL,
+        session TEXT NOT NULL DEFAULT '',
+        execution_id TEXT NOT NULL DEFAULT '',
+        result TEXT NOT NULL DEFAULT '',
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, key)
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS live_idempotency_expiry ON live_idempotency(expires_at)",
+    """
+    CREATE TABLE IF NOT EXISTS live_queue (
+        session TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        execution_id TEXT NOT NULL UNIQUE,
+        request BLOB NOT NULL /* binary agentsessions.v1.ExecRequest */,
+        submitter TEXT NOT NULL DEFAULT '',
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session, position)
+    )
+    """,
+)
+
+_LEASE_COLUMNS: Final = (
+    "session, execution_id, state, owner, expires_at, attempts, next_at, seen_seq, last_error, cancel_reason"
+)
+_KEY_COLUMNS: Final = (
+    "scope, key, method, digest, state, session, execution_id, result, created_at, expires_at"
+)
+_QUEUE_COLUMNS: Final = "session, position, execution_id, request, submitter, created_at"
+
+
+def create_live_tables(db: sqlite3.Connection) -> None:
+    """On the writer's thread, when the store opens: the live tables, if they are not there yet."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _DDL:
+            db.execute(statement)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _lease(rec: Sequence[Any]) -> Lease:
+    return Lease(
+        session=str(rec[0]),
+        execution_id=str(rec[1]),
+        state=str(rec[2]),
+        owner=str(rec[3]),
+        expires_at_ns=int(rec[4]),
+        attempts=int(rec[5]),
+        next_at_ns=int(rec[6]),
+        seen_seq=int(rec[7]),
+        last_error=str(rec[8]),
+        cancel_reason=None if rec[9] is None else str(rec[9]),
+    )
+
+
+def _key(rec: Sequence[Any]) -> KeyRecord:
+    return KeyRecord(
+        scope=str(rec[0]),
+        key=str(rec[1]),
+        method=str(rec[2]),
+        digest=str(rec[3]),
+        state=str(rec[4]),
+        session=str(rec[5]),
+        execution_id=str(rec[6]),
+        result=str(rec[7]),
+        created_at_ns=int(rec[8]),
+        expires_at_ns=int(rec[9]),
+    )
+
+
+def _queued(rec: Sequence[Any]) -> QueuedTurn:
+    return QueuedTurn(str(rec[0]), int(rec[1]), str(rec[2]), bytes(rec[3]), str(rec[4]), int(rec[5]))
+
+
+class SqliteLiveStatements:
+    """Mixed into the SQLite dialect's transaction (whose writer connection is ``_db``)."""
+
+    _db: sqlite3.Connection
+
+    async def lease_get(self, uid: str, execution_id: str) -> Lease | None:
+        rec = self._db.execute(
+            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = ? AND execution_id = ?",
+            (uid, execution_id),
+        ).fetchone()
+        return None if rec is None else _lease(rec)
+
+    async def lease_put(self, lease: Lease, now_ns: int) -> None:
+        self._db.execute(
+            f"INSERT OR REPLACE INTO live_leases ({_LEASE_COLUMNS}, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                lease.session,
+                lease.execution_id,
+                lease.state,
+                lease.owner,
+                lease.expires_at_ns,
+                lease.attempts,
+                lease.next_at_ns,
+                lease.seen_seq,
+                lease.last_error,
+                lease.cancel_reason,
+                now_ns,
+            ),
+        )
+
+    async def lease_add(self, lease: Lease, now_ns: int) -> bool:
+        if await self.lease_get(lease.session, lease.execution_id) is not None:
+            return False
+        await self.lease_put(lease, now_ns)
+        return True
+
+    async def lease_delete(self, uid: str, execution_id: str) -> None:
+        self._db.execute(
+            "DELETE FROM live_leases WHERE session = ? AND execution_id = ?", (uid, execution_id)
+        )
+
+    async def lease_drop(self, uid: str, execution_id: str, owner: str) -> bool:
+        dropped = self._db.execute(
+            "DELETE FROM live_leases WHERE session = ? AND execution_id = ? AND owner IN (?, '')",
+            (uid, execution_id, owner),
+        ).rowcount
+        return bool(dropped)
+
+    async def leases_of(self, uid: str) -> list[Lease]:
+        recs = self._db.execute(
+            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = ? ORDER BY execution_id", (uid,)
+        ).fetchall()
+        return [_lease(r) for r in recs]
+
+    async def lease_renew(self, owner: str, expires_at_ns: int, now_ns: int) -> list[Lease]:
+        db = self._db
+        db.execute(
+            "UPDATE live_leases SET expires_at = ?, updated_at = ? WHERE owner = ? AND state = ?",
+            (expires_at_ns, now_ns, owner, RUNNING),
+        )
+        recs = db.execute(
+            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE owner = ? AND state = ?", (owner, RUNNING)
+        ).fetchall()
+        return [_lease(r) for r in recs]
+
+    async def lease_candidates(self, now_ns: int, local_prefix: str, limit: int) -> list[Lease]:
+        columns = ", ".join(f"l.{c.strip()}" for c in _LEASE_COLUMNS.split(","))
+        recs = self._db.execute(
+            f"""
+            SELECT {columns} FROM live_leases AS l LEFT JOIN sessions AS s ON s.session = l.session
+            WHERE (l.state = ? AND (l.expires_at < ? OR substr(l.owner, 1, ?) = ?))
+               OR (l.state = ? AND l.next_at <= ?)
+               OR (l.state = ? AND (s.session IS NULL OR s.deleted <> 0 OR s.last_seq <> l.seen_seq))
+               OR l.state NOT IN (?, ?, ?)
+            ORDER BY l.updated_at LIMIT ?
+            """,
+            (
+                RUNNING,
+                now_ns,
+                len(local_prefix),
+                local_prefix,
+                RETRY,
+                now_ns,
+                PARKED,
+                RUNNING,
+                RETRY,
+                PARKED,
+                limit,
+            ),
+        ).fetchall()
+        return [_lease(r) for r in recs]
+
+    async def key_get(self, scope: str, key: str) -> KeyRecord | None:
+        rec = self._db.execute(
+            f"SELECT {_KEY_COLUMNS} FROM live_idempotency WHERE scope = ? AND key = ?", (scope, key)
+        ).fetchone()
+        return None if rec is None else _key(rec)
+
+    async def key_put(self, record: KeyRecord) -> None:
+        self._db.execute(
+            f"INSERT OR REPLACE INTO live_idempotency ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.scope,
+                record.key,
+                record.method,
+                record.digest,
+                record.state,
+                record.session,
+                record.execution_id,
+                record.result,
+                record.created_at_ns,
+                record.expires_at_ns,
+            ),
+        )
+
+    async def key_add(self, record: KeyRecord, now_ns: int) -> KeyRecord | None:
+        # The writer holds the file's write lock: nothing interleaves between the read and the write.
+        found = await self.key_get(record.scope, record.key)
+        if found is not None and found.expires_at_ns > now_ns:
+            return found
+        await self.key_put(record)
+        return None
+
+    async def key_delete(self, scope: str, key: str) -> None:
+        self._db.execute("DELETE FROM live_idempotency WHERE scope = ? AND key = ?", (scope, key))
+
+    async def key_purge(self, now_ns: int) -> int:
+        return int(self._db.execute("DELETE FROM live_idempotency WHERE expires_at <= ?", (now_ns,)).rowcount)
+
+    async def queue_list(self, uid: str) -> list[QueuedTurn]:
+        recs = self._db.execute(
+            f"SELECT {_QUEUE_COLUMNS} FROM live_queue WHERE session = ? ORDER BY position", (uid,)
+        ).fetchall()
+        return [_queued(r) for r in recs]
+
+    async def queue_insert(
+        self, uid: str, execution_id: str, request: bytes, submitter: str, now_ns: int
+    ) -> QueuedTurn:
+        db = self._db
+        (last,) = db.execute(
+            "SELECT COALESCE(MAX(position), 0) FROM live_queue WHERE session = ?", (uid,)
+        ).fetchone()
+        entry = QueuedTurn(uid, int(last) + 1, execution_id, request, submitter, now_ns)
+        db.execute(
+            f"INSERT INTO live_queue ({_QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            (entry.session, entry.position, entry.execution_id, entry.request, submitter, now_ns),
+        )
+        return entry
+
+    async def queue_delete(self, uid: str, execution_id: str) -> bool:
+        deleted = self._db.execute(
+            "DELETE FROM live_queue WHERE session = ? AND execution_id = ?", (uid, execution_id)
+        ).rowcount
+        return bool(deleted)
+
+    async def queue_idle_sessions(self, limit: int) -> list[str]:
+        recs = self._db.execute(
+            """
+            SELECT DISTINCT q.session FROM live_queue AS q
+            WHERE NOT EXISTS (SELECT 1 FROM live_leases AS l WHERE l.session = q.session)
+            ORDER BY q.session LIMIT ?
+            """,
+            (limit,),
+        ).fetchall()
+        return [str(r[0]) for r in recs]
