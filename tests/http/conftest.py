@@ -11,12 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 from grpc import aio
 
-from agentsessions.ext.v1 import live_pb2, live_pb2_grpc
 from agentsessions.host import server
 from agentsessions.host.config import HostConfig
 from agentsessions.host.tools.executor import ToolContext
@@ -66,19 +64,6 @@ class Served:
     sessions: session_pb2_grpc.SessionsStub
     http: httpx.AsyncClient
     harnesses: dict[str, Any] = field(default_factory=dict)
-
-    async def watch_served(self) -> bool:
-        """Whether this host serves LiveSessions.Watch (branch live), asked over gRPC."""
-        stub = live_pb2_grpc.LiveSessionsStub(self.channel)
-        call = stub.Watch(live_pb2.WatchRequest(session="sess-000000000000000000000000"))
-        try:
-            await call.read()
-        except aio.AioRpcError as exc:
-            served: bool = exc.code() != grpc.StatusCode.UNIMPLEMENTED
-            return served
-        finally:
-            call.cancel()
-        return True
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,6 @@ from tests.http.conftest import Served, create, http_host, turn
 
 API = "/api/v1"
 READ_LIMIT_S = 30.0
-NEEDS_WATCH = "the host does not serve LiveSessions.Watch yet (branch live): live follow cannot be seen"
 
 
 @dataclass
@@ -155,8 +154,6 @@ async def test_curl_n_with_last_event_id_3(tmp_path: object) -> None:
 
 async def test_following_live_stays_open_for_new_records() -> None:
     async with http_host() as host:
-        if not await host.watch_served():
-            pytest.skip(NEEDS_WATCH)
         uid = await ten_records(host)
         seen: list[str | None] = []
         async with host.http.stream(

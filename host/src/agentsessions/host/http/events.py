@@ -35,7 +35,6 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
-import grpc
 from aiohttp import web
 from grpc import aio
 
@@ -43,7 +42,6 @@ from agentsessions.ext.v1 import live_pb2
 from agentsessions.host.http import protojson
 from agentsessions.host.http.loopback import Caller, Loopback
 from agentsessions.host.http.status import error_body
-from agentsessions.v1 import session_pb2
 
 # How long a browser waits before it reconnects a stream that ended (the SSE "retry" field).
 RECONNECT_MS = 2000
@@ -71,50 +69,15 @@ async def watch(
     loopback: Loopback, request: live_pb2.WatchRequest, caller: Caller
 ) -> AsyncGenerator[live_pb2.WatchUpdate, None]:
     """``LiveSessions.Watch`` as the proto documents it: the session first, then every record
-    with seq > ``after_seq`` in order, then (with ``follow``) new records as they become durable.
-    Until this host serves Watch, :func:`replay_until_watch_is_served` answers instead."""
+    with seq > ``after_seq`` in order, then (with ``follow``) new records as they become durable."""
     call = loopback.live.Watch(request, metadata=caller.metadata)
     try:
-        try:
-            first = await call.read()
-        except aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise
-            async for update in replay_until_watch_is_served(loopback, request, caller):
-                yield update
-            return
-        update = first
+        update = await call.read()
         while update is not aio.EOF:
             yield update
             update = await call.read()
     finally:
         call.cancel()
-
-
-async def replay_until_watch_is_served(
-    loopback: Loopback, request: live_pb2.WatchRequest, caller: Caller
-) -> AsyncIterator[live_pb2.WatchUpdate]:
-    """The stand-in for ``LiveSessions.Watch`` while the host does not serve it: ``GetSession``
-    (so an unknown or foreign session answers 404 or 403 as Watch would), then ``Sessions.Replay``
-    of the records after ``after_seq``, then the stream ends. It cannot follow: a client sees new
-    records when it reconnects (``EventSource`` does after ``retry``), from its Last-Event-ID, so
-    still each exactly once and in order. Delete it, and the UNIMPLEMENTED branch of
-    :func:`watch`, once Watch is served everywhere."""
-    session = await loopback.sessions.GetSession(
-        session_pb2.GetSessionRequest(uid=request.session), metadata=caller.metadata
-    )
-    yield live_pb2.WatchUpdate(session=session)
-    replay = loopback.sessions.Replay(
-        session_pb2.ReplayRequest(session=request.session, from_seq=request.after_seq + 1),
-        metadata=caller.metadata,
-    )
-    try:
-        record = await replay.read()
-        while record is not aio.EOF:
-            yield live_pb2.WatchUpdate(record=record)
-            record = await replay.read()
-    finally:
-        replay.cancel()
 
 
 def _event_of(update: live_pb2.WatchUpdate, names: protojson.Names) -> bytes:

@@ -468,23 +468,12 @@ class SessionPage {
     }, text, h("button", { type: "submit" }, "Run turn"));
   }
 
-  // A turn (or the rest of a parked one, with no inputs): Submit when the host serves it (the
-  // turn runs without this page), else Exec, whose frames this page reads until the turn ends.
+  // A turn (or the rest of a parked one, with no inputs), submitted: it runs on the host without
+  // this page, whose event stream shows its records as they are written.
   async continueTurn(inputs) {
     const path = `/sessions/${encodeURIComponent(this.uid)}`;
     try {
-      try {
-        await api.post(`${path}/submit`, { exec: { session: this.uid, inputs } });
-        return;
-      } catch (error) {
-        if (!(error instanceof api.ApiError) || error.status !== 501) throw error;
-      }
-      await api.postLines(`${path}/exec`, { inputs }, (update) => {
-        if (update.record) this.addRecords([update.record]);
-        else if (update.delta) this.addDelta(update.delta);
-        else if (update.session) this.setSession(update.session);
-      });
-      this.setSession(await api.get(path));
+      await api.post(`${path}/submit`, { exec: { session: this.uid, inputs } });
       say("");
     } catch (error) {
       sayError(error);
