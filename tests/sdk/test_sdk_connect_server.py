@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -57,11 +57,11 @@ class ScriptedHarness:
 
 @contextlib.asynccontextmanager
 async def serving(
-    harness: ScriptedHarness, **options: Any
+    harness: ScriptedHarness, channel_options: Sequence[tuple[str, Any]] = (), **options: Any
 ) -> AsyncIterator[harness_pb2_grpc.HarnessAsyncStub]:
     servicer = HarnessServicer(harness, **options)
     running = await start_server(harness, "127.0.0.1:0", servicer=servicer)
-    channel = grpc.aio.insecure_channel(running.address)
+    channel = grpc.aio.insecure_channel(running.address, options=channel_options)
     try:
         yield harness_pb2_grpc.HarnessStub(channel)  # type: ignore[misc]
     finally:
@@ -679,6 +679,33 @@ async def test_a_hooked_run_that_does_not_end_is_cancelled(ends_by_itself: bool)
         end = await host.end()
     assert end.state == "CANCELED"
     assert cancelled.is_set()
+
+
+async def test_a_write_abandoned_in_the_middle_still_lets_the_stream_end_cleanly() -> None:
+    """The host reads nothing while the harness writes 48 MiB, so the write waits on flow control
+    past the reply timeout and the sink call gives up on it. The write still completes once the
+    host reads, and the END that reports the failure follows it on the same stream (gRPC takes
+    one message write at a time)."""
+    gave_up = asyncio.Event()
+
+    async def script(start: Start, sink: EventSink) -> None:
+        try:
+            await sink.output("x" * (48 << 20))
+        finally:
+            gave_up.set()
+
+    big = [("grpc.max_receive_message_length", 64 << 20)]
+    async with serving(ScriptedHarness(script), big, reply_timeout=0.2) as stub:
+        host = Host(stub)
+        await host.start()
+        await asyncio.wait_for(gave_up.wait(), timeout=30)
+        event = await host.recv()
+        assert event is not None and event.kind == K.EVENT_OUTPUT
+        assert len(event.message.parts[0].text.text) == 48 << 20
+        end = await host.end()
+        assert end.state == "FAILED"
+        assert end.error.description == "the host did not accept an event within 0.2 s"
+        assert await host.status() == grpc.StatusCode.UNKNOWN
 
 
 async def test_without_a_hook_the_next_sink_call_hears_the_cancel() -> None:

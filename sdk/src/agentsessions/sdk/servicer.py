@@ -127,10 +127,11 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
                 start = dataclasses.replace(start, history=LazyHistory(held=held))
             if kept:
                 await context.send_initial_metadata(((HISTORY_HELD, start.execution_id),))
+        writer = _Writer(context)
         sink = StreamSink(
             start.session,
             start.execution_id,
-            write=context.write,
+            write=writer.write,
             read=read,
             reply_timeout=self._reply_timeout,
             extensions=extensions,
@@ -141,6 +142,11 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
             error = await self._run_inline(start, sink)
         else:
             error = await self._run_in_task(start, sink, read, run_context, traced)
+        if not await writer.settled(self._cancel_grace):
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the host did not accept the harness's last event in time"
+            )
+            return
         await self._finish(start, sink, error, context)
 
     async def _run_inline(self, start: Start, sink: StreamSink) -> BaseException | None:
@@ -253,6 +259,31 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
         logger.info("execution %s failed: %s", start.execution_id, type(error).__name__)
         await context.write(_end(start.execution_id, "FAILED", description))
         await context.abort(grpc.StatusCode.UNKNOWN, description)
+
+
+class _Writer:
+    """The stream's writes, each run to completion even when the task that started it is
+    cancelled (a cancelled run, an abandoned sink call): gRPC takes one message write at a time,
+    so the closing event must wait for one already under way, not race it."""
+
+    def __init__(self, context: grpc.aio.ServicerContext[Frame, common_pb2.Event]) -> None:
+        self._context = context
+        self._inflight: asyncio.Future[None] | None = None
+
+    async def write(self, event: common_pb2.Event) -> None:
+        await self.settled(None)
+        inflight = self._inflight = asyncio.ensure_future(self._context.write(event))
+        # Its failure is its caller's to see, or nobody's once that caller was cancelled.
+        inflight.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await asyncio.shield(inflight)
+
+    async def settled(self, timeout: float | None) -> bool:
+        """Wait (at most ``timeout`` s) for the write under way; False if it is still going."""
+        inflight = self._inflight
+        if inflight is None or inflight.done():
+            return True
+        await asyncio.wait({inflight}, timeout=timeout)
+        return inflight.done()
 
 
 def start_from_frame(frame: Any) -> Start:
