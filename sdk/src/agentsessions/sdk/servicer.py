@@ -277,12 +277,12 @@ class _Writer:
         inflight.add_done_callback(lambda f: f.cancelled() or f.exception())
         await asyncio.shield(inflight)
 
-    async def settled(self, timeout: float | None) -> bool:
-        """Wait (at most ``timeout`` s) for the write under way; False if it is still going."""
+    async def settled(self, within: float | None) -> bool:
+        """Wait (at most ``within`` s) for the write under way; False if it is still going."""
         inflight = self._inflight
         if inflight is None or inflight.done():
             return True
-        await asyncio.wait({inflight}, timeout=timeout)
+        await asyncio.wait({inflight}, timeout=within)
         return inflight.done()
 
 
