@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -242,11 +242,19 @@ def test_request_id_round_trip(host: Host, empty_dir: Path) -> None:
     assert "Code: NotFound" in called.stderr
     assert trailers(called.stdout)["x-request-id"] == request_id
 
-    # The access log line was written before the status left the host.
-    lines = [
-        line for line in host.json_lines() if line.get("request_id") == request_id and line["msg"] == "rpc"
-    ]
-    [get] = [line for line in lines if line["method"] == "/agentsessions.v1.Sessions/GetSession"]
+    # The access log line is written as the handler unwinds, which may be just after the status
+    # left the host: awaited (bounded), never assumed.
+    def logged() -> list[dict[str, Any]]:
+        return [
+            line
+            for line in host.json_lines()
+            if line.get("request_id") == request_id
+            and line["msg"] == "rpc"
+            and line["method"] == "/agentsessions.v1.Sessions/GetSession"
+        ]
+
+    wait_for_log_line(host, logged)
+    [get] = logged()
     assert get["code"] == "NOT_FOUND"
     assert isinstance(get["duration_ms"], float | int)
 
@@ -422,6 +430,17 @@ class OpenReflectionStream:
 
     def finish(self) -> None:
         self._requests.put(None)
+
+
+def wait_for_log_line(host: Host, found: Callable[[], list[dict[str, Any]]]) -> None:
+    """Bounded: poll the host's JSON log until ``found`` finds a line."""
+    for _ in range(int(CALL_TIMEOUT * 20)):
+        if found():
+            return
+        if host.process.poll() is not None:
+            break
+        threading.Event().wait(0.05)
+    pytest.fail(f"the line never appeared in the host log:\n{host.log_text()}")
 
 
 def wait_for_log(host: Host, text: str) -> None:

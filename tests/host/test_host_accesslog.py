@@ -103,6 +103,36 @@ def rpc_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     return [json.loads(formatter.format(r)) for r in caplog.records if r.name == RPC_LOGGER]
 
 
+class _Written(logging.Handler):
+    """Sets an event when the access log writes a line (from whichever thread writes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+
+async def the_line(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    """The call's one access-log line. The caller has its status as soon as the handler answers;
+    the line is written when the handler unwinds, so it is awaited (bounded), never assumed."""
+    logger = logging.getLogger(RPC_LOGGER)
+    written = _Written()
+    logger.addHandler(written)
+    try:
+        while not rpc_lines(caplog):
+            written.event.clear()
+            if rpc_lines(caplog):
+                break
+            await asyncio.wait_for(written.event.wait(), timeout=30)
+    finally:
+        logger.removeHandler(written)
+    [line] = rpc_lines(caplog)
+    return line
+
+
 async def test_the_callers_request_id_is_returned_logged_and_current_in_the_handler(
     grpc_stub: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -114,7 +144,7 @@ async def test_the_callers_request_id_is_returned_logged_and_current_in_the_hand
 
     inside = [r for r in caplog.records if r.name == "agentsessions.host.test"]
     assert json.loads(logs.JsonFormatter().format(inside[0]))["request_id"] == "req-42"
-    [line] = rpc_lines(caplog)
+    line = await the_line(caplog)
     assert line["method"] == "/agentsessions.v1.Sessions/GetSession"
     assert line["code"] == "OK"
     assert line["request_id"] == "req-42"
@@ -137,7 +167,7 @@ async def test_an_escaping_exception_is_logged_as_unknown_without_its_message(
     with pytest.raises(aio.AioRpcError) as raised:
         await grpc_stub.Fork(session_pb2.ForkRequest(session="payload-xyz"))
     assert raised.value.code() == grpc.StatusCode.UNKNOWN
-    [line] = rpc_lines(caplog)
+    line = await the_line(caplog)
     assert line["level"] == "error"
     assert line["code"] == "UNKNOWN"
     assert line["error"] == "RuntimeError"
@@ -152,7 +182,7 @@ async def test_an_abort_is_logged_with_its_code(grpc_stub: Any, caplog: pytest.L
         )
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert ("x-request-id", "r1") in tuple(raised.value.trailing_metadata())
-    [line] = rpc_lines(caplog)
+    line = await the_line(caplog)
     assert (line["method"], line["code"], line["request_id"]) == (
         "/agentsessions.v1.Sessions/Cancel",
         "FAILED_PRECONDITION",
@@ -165,12 +195,7 @@ async def test_an_abort_is_logged_with_its_code(grpc_stub: Any, caplog: pytest.L
 async def logged_after_unwinding(servicer: ProbeServicer, caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
     """The host ends the handler on its own schedule: wait (bounded) for it, then for its log line."""
     await asyncio.wait_for(servicer.cancelled.wait(), timeout=30)
-    for _ in range(3000):
-        if rpc_lines(caplog):
-            break
-        await asyncio.sleep(0.01)
-    [line] = rpc_lines(caplog)
-    return line
+    return await the_line(caplog)
 
 
 async def test_a_call_the_client_cancels_is_logged_as_cancelled(
@@ -210,12 +235,7 @@ async def test_a_method_nobody_serves_is_unimplemented_and_logged(
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "agentsessions.v1.Nothing/Here" in (raised.value.details() or "")
     assert ("x-request-id", "r2") in tuple(raised.value.trailing_metadata())
-    # The caller has its status as soon as the handler aborts; the line follows when it unwinds.
-    for _ in range(3000):
-        if rpc_lines(caplog):
-            break
-        await asyncio.sleep(0.01)
-    [line] = rpc_lines(caplog)
+    line = await the_line(caplog)
     assert (line["method"], line["code"]) == ("/agentsessions.v1.Nothing/Here", "UNIMPLEMENTED")
 
 
