@@ -169,31 +169,36 @@ async def _drive(
         )
         uid_file = workdir / "uids.json"
         uid_file.write_text(json.dumps(uids))
-        reader_proc: asyncio.subprocess.Process | None = None
+        # One process (so one event loop and one connection) per kind of reader: a ListSessions
+        # caller's latency is then the host's, not that of 20 replay streams sharing its loop and
+        # its HTTP/2 connection, as separate clients would be.
+        reader_procs: list[asyncio.subprocess.Process] = []
         if readers:
-            reader_proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "bench.load",
-                "readers",
-                "--target",
-                address,
-                "--uids",
-                str(uid_file),
-                "--seconds",
-                str(args.seconds),
-                "--replay",
-                str(args.replay),
-                "--list",
-                str(args.list),
-                "--watch",
-                str(args.watch),
-                "--think",
-                str(args.think),
-                cwd=ROOT,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-                stdout=asyncio.subprocess.PIPE,
-            )
+            for kind in ("replay", "list", "watch"):
+                count = getattr(args, kind)
+                if count <= 0:
+                    continue
+                counts = {k: (count if k == kind else 0) for k in ("replay", "list", "watch")}
+                reader_procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        "-m",
+                        "bench.load",
+                        "readers",
+                        "--target",
+                        address,
+                        "--uids",
+                        str(uid_file),
+                        "--seconds",
+                        str(args.seconds),
+                        *(f"--{k}={v}" for k, v in counts.items()),
+                        "--think",
+                        str(args.think),
+                        cwd=ROOT,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)},
+                        stdout=asyncio.subprocess.PIPE,
+                    )
+                )
         calls = Calls()
         started: list[float] = []
         stop = asyncio.Event()
@@ -208,11 +213,15 @@ async def _drive(
         stop.set()
         await sampler
         reader_report: dict[str, Any] = {}
-        if reader_proc is not None:
-            assert reader_proc.stdout is not None
-            out = await asyncio.wait_for(reader_proc.stdout.read(), timeout=args.seconds + CALL_TIMEOUT_S)
-            await reader_proc.wait()
-            reader_report = json.loads(out.decode().strip().splitlines()[-1])
+        for proc in reader_procs:
+            assert proc.stdout is not None
+            out = await asyncio.wait_for(proc.stdout.read(), timeout=args.seconds + CALL_TIMEOUT_S)
+            await proc.wait()
+            part: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+            # Each process reports every kind; only the kind it ran is its own.
+            reader_report.update({k: v for k, v in part.items() if k == "watch" or v["calls"] or v["errors"]})
+        for kind in ("replay", "list"):
+            reader_report.setdefault(kind, Calls().summary())
         # Turns that started inside the window, over the window.
         in_window = sum(1 for t in started if t < until)
         return {
