@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import bigstream, journal, load, replay, startup, turns
+from bench import bigstream, journal, listing, load, replay, startup, turns
 
-SUITES = ("journal", "turns", "replay", "startup", "bigstream", "load")
+SUITES = ("journal", "turns", "replay", "listing", "startup", "bigstream", "load")
 # The load suite takes minutes and has its own flags (python -m bench.load --help): run it by name.
-DEFAULT_SUITES = ("journal", "turns", "replay", "startup", "bigstream")
+DEFAULT_SUITES = ("journal", "turns", "replay", "listing", "startup", "bigstream")
 BACKENDS = ("memory", "sqlite", "postgres")
 
 
@@ -47,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = max(code, turns.run(quick=args.quick, long=args.long))
         elif suite == "replay":
             code = max(code, replay.run(quick=args.quick))
+        elif suite == "listing":
+            code = max(code, listing.run(quick=args.quick))
         elif suite == "startup":
             code = max(code, startup.run(quick=args.quick))
         elif suite == "bigstream":

@@ -1,0 +1,179 @@
+"""Listing benchmark: a ListSessions page of 100 among 10,000 sessions against its SQL.
+
+Issue #13's goal: a page within 3x the SQL that selects it. The journal is SQLite (FULL), 10,000
+sessions, one echo turn in every tenth so the pages mix execution states. Three figures per page,
+the whole listing paged through (100 pages) each round, the three interleaved page by page so they
+see the machine at the same moments; best of the rounds:
+
+* **SQL**: the page's own query (the store's columns, its order and keyset condition), run with
+  ``sqlite3`` on a connection of its own to the same file, rows fetched: the floor of any listing.
+* **host**: ``Controller.list_sessions`` plus the servicer's conversion of each view to
+  ``agentsessions.v1.Session``, in process: what the host does for a page, without a transport.
+* **gRPC**: ``Sessions/ListSessions`` over loopback to a real in-process gRPC server: the above
+  plus the call's transport and the client's decoding (a diagnostic: the goal is the host's work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+from grpc import aio
+
+from agentsessions.harnesses.echo import EchoHarness
+from agentsessions.host.controller.controller import Controller
+from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.controller.turns import ExecParams
+from agentsessions.host.harnesslink import RemoteHarness
+from agentsessions.host.journal import decode_page_token, open_store
+from agentsessions.host.journal.sqlite import _ROW_COLUMNS
+from agentsessions.host.journal.store import JournalStore, SessionRow
+from agentsessions.host.models.echo import EchoModel
+from agentsessions.host.service.sessions import SessionsServicer, add_to_server, session_proto
+from agentsessions.sdk.harness import text_message
+from agentsessions.v1 import session_pb2, session_pb2_grpc
+
+RESULTS: Final = Path(__file__).resolve().parent / "results" / "listing.json"
+PAGE: Final = 100
+GOAL_RATIO: Final = 3.0
+PROJECT: Final = "default"
+
+
+def _controller(store: JournalStore) -> Controller:
+    catalog = HarnessCatalog({"echo": StaticHarness(EchoHarness())}, store, RemoteHarness)
+    return Controller(store, catalog, EchoModel(), stream_deltas=False)
+
+
+async def _build(path: str, sessions: int) -> None:
+    """``sessions`` sessions, a turn in every tenth (built with synchronous=OFF: not timed)."""
+    store = await open_store(path, synchronous="OFF")
+    try:
+        controller = _controller(store)
+        for i in range(sessions):
+            view = await controller.create_session(SessionRow(uid="", project="", harness="echo"))
+            if i % 10 == 0:
+                params = ExecParams(session=view.row.uid, inputs=[text_message("user", f"hello {i}")])
+                async with controller.admit_exec(params) as turn:
+                    async for _ in turn.run():
+                        pass
+    finally:
+        await store.close()
+
+
+def _sql_page(db: sqlite3.Connection, token: str) -> int:
+    """The store's page query for ``token`` (one row more than the page, as the store asks, to
+    know whether another page follows); the rows fetched."""
+    if not token:
+        rows = db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
+            "ORDER BY created_at DESC, session ASC LIMIT ?",
+            (PROJECT, PAGE + 1),
+        ).fetchall()
+    else:
+        created, uid = decode_page_token(token)
+        rows = db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
+            "AND (created_at < ? OR (created_at = ? AND session > ?)) "
+            "ORDER BY created_at DESC, session ASC LIMIT ?",
+            (PROJECT, created, created, uid, PAGE + 1),
+        ).fetchall()
+    return len(rows)
+
+
+async def _measure(path: str, rounds: int) -> dict[str, float]:
+    store = await open_store(path)
+    db = sqlite3.connect(path)
+    server = aio.server()
+    controller = _controller(store)
+    add_to_server(SessionsServicer(controller), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = session_pb2_grpc.SessionsStub(channel)
+    best = {"sql": float("inf"), "host": float("inf"), "grpc": float("inf")}
+    pages = 0
+    try:
+        for _ in range(rounds):
+            spent = {"sql": 0.0, "host": 0.0, "grpc": 0.0}
+            token = ""
+            pages = 0
+            while True:
+                t = time.perf_counter()
+                _sql_page(db, token)
+                spent["sql"] += time.perf_counter() - t
+
+                t = time.perf_counter()
+                views, next_token = await controller.list_sessions(PROJECT, PAGE, token)
+                page = session_pb2.ListSessionsResponse(
+                    sessions=[session_proto(v) for v in views], next_page_token=next_token
+                )
+                spent["host"] += time.perf_counter() - t
+
+                t = time.perf_counter()
+                answered = await stub.ListSessions(
+                    session_pb2.ListSessionsRequest(project=PROJECT, page_size=PAGE, page_token=token)
+                )
+                spent["grpc"] += time.perf_counter() - t
+
+                assert [s.metadata.uid for s in answered.sessions] == [s.metadata.uid for s in page.sessions]
+                pages += 1
+                token = next_token
+                if not token:
+                    break
+            for key, value in spent.items():
+                best[key] = min(best[key], value / pages)
+    finally:
+        await channel.close()
+        await server.stop(None)
+        db.close()
+        await store.close()
+    return {"pages": float(pages), **{f"{k}_ms_per_page": v * 1000 for k, v in best.items()}}
+
+
+def run(*, quick: bool, out: Path = RESULTS) -> int:
+    sessions = 1_000 if quick else 10_000
+    rounds = 2 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="agentsessions-bench-listing-") as tmp:
+        path = str(Path(tmp) / "listing.db")
+        asyncio.run(_build(path, sessions))
+        m = asyncio.run(_measure(path, rounds))
+    ratio = m["host_ms_per_page"] / m["sql_ms_per_page"]
+    met = ratio <= GOAL_RATIO
+    print(f"\nListSessions, pages of {PAGE} among {sessions} sessions (SQLite), best of {rounds} rounds")
+    print(f"  SQL: the page's query, rows fetched   {m['sql_ms_per_page']:7.3f} ms per page")
+    print(f"  host: list_sessions + Session protos  {m['host_ms_per_page']:7.3f} ms   {ratio:5.2f}x SQL")
+    print(f"  gRPC over loopback (diagnostic)       {m['grpc_ms_per_page']:7.3f} ms")
+    verdict = "met" if met else "MISSED"
+    if quick:
+        verdict += " (quick run: not a measurement)"
+    print(f"  goal host <= {GOAL_RATIO:g}x SQL: {verdict}")
+    document = {
+        "benchmark": "listing",
+        "when_unix": int(time.time()),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+        "quick": quick,
+        "sessions": sessions,
+        "results": m,
+        "ratio_host_to_sql": ratio,
+        "goal": {"ratio_at_most": GOAL_RATIO, "met": met},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(quick="--quick" in sys.argv[1:]))
