@@ -37,7 +37,8 @@ from agentsessions.host.journal import decode_page_token, open_store
 from agentsessions.host.journal.sqlite import _ROW_COLUMNS
 from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.host.models.echo import EchoModel
-from agentsessions.host.service.sessions import SessionsServicer, add_to_server, session_proto
+from agentsessions.host.service.convert import session_proto
+from agentsessions.host.service.sessions import SessionsServicer, add_to_server
 from agentsessions.sdk.harness import text_message
 from agentsessions.v1 import session_pb2, session_pb2_grpc
 
