@@ -10,13 +10,17 @@ was recorded.
 :class:`Worker` is a child. Its prompt is JSON: ``{"name": N, "dir": D, "hold": bool, "fail": bool}``.
 It outputs ``working on N``, runs the host's ``record_effect`` tool once (key ``<execution id>/effect``,
 so the effect file shows each child's effect exactly once; with ``hold`` the tool waits for
-``D/release``), then outputs ``done N``; with ``fail`` it fails after its first output instead.
+``D/release``), then outputs ``done N``; with ``fail`` it fails after its first output instead. With
+``stop_after_effect`` it waits for ``D/release`` after the effect, in the harness (a line in
+``D/stopped`` says it stands there).
 A prompt that is not JSON is simply echoed back as ``done <prompt>``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -26,6 +30,10 @@ from agentsessions.v1 import common_pb2, harness_pb2
 
 TASK = "task"
 EFFECT_TOOL = "record_effect"
+RELEASE = "release"
+STOPPED = "stopped"
+HOLD_LIMIT_S = 60.0
+POLL_S = 0.02
 
 
 def _text(result: common_pb2.ToolResult) -> str:
@@ -100,4 +108,18 @@ class Worker:
                     idempotency_key=f"{start.execution_id}/effect",
                 )
             )
+            if job.get("stop_after_effect"):
+                await _stop(Path(str(job["dir"])), name)
         await sink.output(f"done {name}")
+
+
+async def _stop(control: Path, name: str) -> None:
+    """Wait (bounded) for ``control/release``, announcing the stop as a line in ``control/stopped``."""
+    if (control / RELEASE).exists():
+        return
+    with (control / STOPPED).open("a") as stops:
+        stops.write(name + "\n")
+    async with asyncio.timeout(HOLD_LIMIT_S):
+        # Polled: the release marker comes from another process.
+        while not (control / RELEASE).exists():  # noqa: ASYNC110
+            await asyncio.sleep(POLL_S)
