@@ -132,6 +132,11 @@ async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_b
     results = of_kind(records, K.EVENT_TOOL_RESULT)
     assert [r.event.result.approval_decision_seq for r in results] == [d.seq for d in decisions]
     assert len(endpoint.received) == 3  # the parent's one model call and one per child
+    # A controller replay re-runs the parent from its journal: the receipts are served, nothing runs.
+    head = (await host.store.head(uid)).seq
+    report = await host.controller.replay(uid)
+    assert (report.executions, report.model_calls, report.outputs[-1]) == (1, 0, "ok A\nok B")
+    assert (await host.store.head(uid)).seq == head
 
 
 async def test_a_failing_child_comes_back_as_an_error_result_with_its_error_and_partial_output(
@@ -184,10 +189,13 @@ async def test_bad_task_arguments_get_precise_error_results_and_start_nothing(
         "error task argument 'prompt' is required: a non-empty string: the child's input",
         "error task argument 'prompt' must be a non-empty string: the child's input",
         "error task argument 'harness' cannot be combined with fork: a fork runs the parent's harness",
-        "error task argument 'colour' is not an argument of task (it takes prompt, harness, fork, result_schema)",
+        "error task argument 'colour' is not an argument of task "
+        "(it takes prompt, harness, fork, result_schema)",
         "error task argument 'harness' names 'nope', which this host does not serve",
-        "error task argument 'result_schema' must be an object (a JSON Schema): the data the child's result must match",
-        "error task argument 'fork' must be a boolean: the child is a fork of the parent, before the delegating turn",
+        "error task argument 'result_schema' must be an object (a JSON Schema): "
+        "the data the child's result must match",
+        "error task argument 'fork' must be a boolean: "
+        "the child is a fork of the parent, before the delegating turn",
     ]
     assert of_kind(records, K.EVENT_APPROVAL_REQUEST) == []
     execution = execution_of(records)
@@ -212,7 +220,8 @@ async def test_task_calls_beyond_the_children_per_turn_are_refused_at_once(
         records = await settled(host, uid)
         assert output(records).splitlines() == [
             "ok done first",
-            "error task refused: the turn already started 1 children, the limit per turn (--subagent-max-children)",
+            "error task refused: the turn already started 1 children, "
+            "the limit per turn (--subagent-max-children)",
         ]
         assert await host.store.get_session(child_uid(uid, execution_of(records), "two")) is None
 
@@ -319,7 +328,7 @@ async def test_a_child_that_does_not_settle_in_time_is_cancelled_and_the_call_ge
 
 async def test_the_links_are_served_over_grpc(host: LiveHost, endpoint: ScriptedEndpoint) -> None:
     endpoint.script(Reply.completion("", tool_calls=[task("a", prompt="alpha", harness="worker")]))
-    uid, updates = await delegate(host)
+    uid, _ = await delegate(host)
     await settled(host, uid)
     execution = execution_of(await host.records(uid))
     server = aio.server()

@@ -33,6 +33,8 @@ from agentsessions.host.controller.errors import (
     ConcurrencyError,
     ControllerError,
     FailedPreconditionError,
+    HarnessUnavailableError,
+    InvalidArgumentError,
     SessionBusyError,
 )
 from agentsessions.host.controller.executions import Effect, Execution, latest_execution, recorded_effects
@@ -237,26 +239,25 @@ class Subagents:
         self._on_decided = on_decided  # the recoverer continues a decided parent
         self._waiting = _Waiting()
         self._task: asyncio.Task[None] | None = None
+        self._looking: set[asyncio.Task[None]] = set()
         self._kick = asyncio.Event()
         self.children_started = 0  # child turns this host submitted
 
     # -- the host's lifetime ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Find the children a previous incarnation left (their rows), start what it did not, and
-        watch their parents."""
-        try:
-            await self._adopt()
-        except (StoreError, ControllerError) as exc:
-            log.warning("subagent start-up scan failed", extra=logs.fields(error=type(exc).__name__))
+        """Start watching: first (in the background, so the host serves meanwhile) the children a
+        previous incarnation left, found by their rows."""
         self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._looking) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
 
     async def _adopt(self) -> None:
         store = self.core.store
@@ -280,6 +281,10 @@ class Subagents:
         self._kick.set()
 
     async def _keep(self) -> None:
+        try:
+            await self._adopt()
+        except (StoreError, ControllerError) as exc:
+            log.warning("subagent start-up scan failed", extra=logs.fields(error=type(exc).__name__))
         while True:
             self._kick.clear()
             for uid in sorted(self._waiting.parents):
@@ -294,7 +299,9 @@ class Subagents:
 
     def ended(self, uid: str) -> None:
         """A turn ended on this host (its lease went): if it was a child's, look at its parent now."""
-        asyncio.get_running_loop().create_task(self._child_ended(uid))
+        task = asyncio.get_running_loop().create_task(self._child_ended(uid))
+        self._looking.add(task)
+        task.add_done_callback(self._looking.discard)
 
     async def _child_ended(self, uid: str) -> None:
         with contextlib.suppress(StoreError):
@@ -348,9 +355,26 @@ class Subagents:
             return await self._receipt(call.id, uid, mine.args, effect, record)
         # Intent is durable: start this call's child and those of the calls the model proposed with it
         # (they fan out now; their own calls find them started).
+        try:
+            await self._start_child(row, ex, call.id, mine.args)
+        except (HarnessUnavailableError, InvalidArgumentError, FailedPreconditionError) as exc:
+            if effect is not None and effect.approval_request is not None:
+                raise  # it waits already: the next attempt starts it
+            why = f"subagent {uid} could not start: {exc}"
+            result = _error_result(call.id, why)
+            await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
+            return result
         for other in planned.values():
-            if other.args is not None and 0 <= other.slot < self.settings.max_children:
-                await self._start_child(row, ex, other.call_id, other.args)
+            if (
+                other.call_id != call.id
+                and other.args is not None
+                and 0 <= other.slot < self.settings.max_children
+            ):
+                try:
+                    await self._start_child(row, ex, other.call_id, other.args)
+                except (HarnessUnavailableError, InvalidArgumentError, FailedPreconditionError) as exc:
+                    # Its own call starts it, or answers why it cannot.
+                    log.info("subagent not started yet", extra=logs.fields(session=uid, error=str(exc)))
         if effect is None or effect.approval_request is None:
             request = common_pb2.Event(
                 kind=K.EVENT_APPROVAL_REQUEST,
