@@ -67,6 +67,9 @@ PARENT_LABEL: Final = "agentsessions.io/subagent-parent"
 EXECUTION_LABEL: Final = "agentsessions.io/subagent-execution"
 CALL_LABEL: Final = "agentsessions.io/subagent-call"
 DEPTH_LABEL: Final = "agentsessions.io/subagent-depth"
+# Scans between reads of every child row (start-up reads them first): a parent another host left
+# waiting is found within about this many seconds.
+ADOPT_EVERY: Final = 60
 # Every APPROVAL_REQUEST of a task call starts with this; the host's decisions are made by this actor.
 WAIT_REASON: Final = "subagent"
 HOST_ACTOR: Final = common_pb2.IdentityRef(principal="host:subagents", issuer="agentsessions", subject="task")
@@ -281,11 +284,16 @@ class Subagents:
         self._kick.set()
 
     async def _keep(self) -> None:
-        try:
-            await self._adopt()
-        except (StoreError, ControllerError) as exc:
-            log.warning("subagent start-up scan failed", extra=logs.fields(error=type(exc).__name__))
+        scans = 0
         while True:
+            if scans % ADOPT_EVERY == 0:
+                try:
+                    await self._adopt()
+                except (StoreError, ControllerError) as exc:
+                    log.warning(
+                        "subagent scan of children failed", extra=logs.fields(error=type(exc).__name__)
+                    )
+            scans += 1
             self._kick.clear()
             for uid in sorted(self._waiting.parents):
                 try:
