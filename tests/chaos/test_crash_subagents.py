@@ -238,3 +238,30 @@ async def test_a_child_that_finished_before_the_parents_wake_is_not_run_again(wo
     ]
     assert resumes == []  # it was not recovered: its turn had ended before the kill
     await finish(world)
+
+
+async def test_over_connect_a_bad_call_gets_its_error_and_a_good_one_its_child(world: SubagentWorld) -> None:
+    world.model.script(
+        Reply.completion(
+            "",
+            tool_calls=[
+                {"id": "call-0", "name": "task", "args": {"prompt": "", "harness": "worker"}},
+                {"id": "call-1", "name": "task", "args": {"prompt": world.job("b"), "harness": "worker"}},
+            ],
+        )
+    )
+    request = session_pb2.ExecRequest(
+        harness="delegator",
+        inputs=[
+            common_pb2.Message(role="user", parts=[common_pb2.Part(text=common_pb2.TextPart(text="go"))])
+        ],
+    )
+    turn = ExecInFlight(world.host.sessions.Exec(request))
+    await turn.status()
+    uid = turn.session
+    records = await world.until_end(uid)
+    (end,) = of_kind(records, K.EVENT_END)
+    assert end.event.end.state == "COMPLETED"
+    text = "".join(p.text.text for p in of_kind(records, K.EVENT_OUTPUT)[-1].event.message.parts)
+    assert text == "error task argument 'prompt' must be a non-empty string: the child's input\nok done b"
+    await finish(world)

@@ -23,6 +23,7 @@ from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.service.subagents import SubagentsServicer
+from agentsessions.sdk.approval import receipt_conflict
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.live.world import TEST_SETTINGS, LiveHost, ends, exec_request, live_host
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
@@ -131,6 +132,8 @@ async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_b
     assert all(d.seq > parks[0].seq for d in decisions)
     results = of_kind(records, K.EVENT_TOOL_RESULT)
     assert [r.event.result.approval_decision_seq for r in results] == [d.seq for d in decisions]
+    for decision, result in zip(decisions, results, strict=True):
+        assert receipt_conflict(decision.event.approval_result, result.event.result) is None
     assert len(endpoint.received) == 3  # the parent's one model call and one per child
     # A controller replay re-runs the parent from its journal: the receipts are served, nothing runs.
     head = (await host.store.head(uid)).seq
@@ -197,7 +200,18 @@ async def test_bad_task_arguments_get_precise_error_results_and_start_nothing(
         "error task argument 'fork' must be a boolean: "
         "the child is a fork of the parent, before the delegating turn",
     ]
-    assert of_kind(records, K.EVENT_APPROVAL_REQUEST) == []
+    # Each is answered through the gate's records, as every REQUIRES_APPROVAL call is: the request,
+    # the host's decision and an EXECUTOR_ERROR receipt naming both.
+    requests = of_kind(records, K.EVENT_APPROVAL_REQUEST)
+    decisions = of_kind(records, K.EVENT_APPROVAL_RESULT)
+    results = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert len(requests) == len(decisions) == len(results) == 7
+    for request, decision, result in zip(requests, decisions, results, strict=True):
+        receipt = result.event.result
+        assert receipt.code == common_pb2.ToolResult.EXECUTOR_ERROR
+        assert (receipt.approval_request_seq, receipt.approval_decision_seq) == (request.seq, decision.seq)
+        assert receipt_conflict(decision.event.approval_result, receipt) is None
+        assert decision.event.actor == HOST_ACTOR
     execution = execution_of(records)
     for call in ("c1", "c2", "c3", "c4", "c5", "c6", "c7"):
         assert await host.store.get_session(child_uid(uid, execution, call)) is None

@@ -72,6 +72,8 @@ DEPTH_LABEL: Final = "agentsessions.io/subagent-depth"
 ADOPT_EVERY: Final = 60
 # Every APPROVAL_REQUEST of a task call starts with this; the host's decisions are made by this actor.
 WAIT_REASON: Final = "subagent"
+# The reason of the host's decision when the child settled (any other reason: why the call failed).
+SETTLED: Final = "the child settled"
 HOST_ACTOR: Final = common_pb2.IdentityRef(principal="host:subagents", issuer="agentsessions", subject="task")
 
 Recorder = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
@@ -166,15 +168,16 @@ def planned_calls(events: list[common_pb2.Event], ex: Execution, max_children: i
     return list(seen.values())
 
 
-def _error_result(call_id: str, error: str, **receipt: int) -> common_pb2.ToolResult:
+def _error_result(call_id: str, error: str, *, request_seq: int, decision_seq: int) -> common_pb2.ToolResult:
+    """A failed task call's receipt (an approved call whose run failed: EXECUTOR_ERROR)."""
     return common_pb2.ToolResult(
         id=call_id,
         is_error=True,
-        code=common_pb2.ToolResult.EXECUTOR_ERROR if receipt else common_pb2.ToolResult.CODE_UNSPECIFIED,
+        code=common_pb2.ToolResult.EXECUTOR_ERROR,
         error=error,
         content=[common_pb2.Part(text=common_pb2.TextPart(text=error))],
-        approval_request_seq=receipt.get("request_seq", 0),
-        approval_decision_seq=receipt.get("decision_seq", 0),
+        approval_request_seq=request_seq,
+        approval_decision_seq=decision_seq,
     )
 
 
@@ -194,7 +197,7 @@ def receipt(
         events[i].message for i in (ex.indexes if ex is not None else []) if events[i].kind == K.EVENT_OUTPUT
     ]
     end = events[ex.end_index].end if ex is not None and ex.end_index is not None else None
-    if decision.approved and end is not None and end.state in ("", "COMPLETED"):
+    if decision.reason == SETTLED and end is not None and end.state in ("", "COMPLETED"):
         final = outputs[-1] if outputs else None
         return common_pb2.ToolResult(
             id=call_id,
@@ -202,7 +205,7 @@ def receipt(
             approval_request_seq=request_seq,
             approval_decision_seq=decision_seq,
         )
-    if not decision.approved:
+    if decision.reason != SETTLED:
         why = decision.reason
     elif end is not None:
         why = f"subagent {child} ended {end.state}: {end.error.description or 'no description'}"
@@ -355,9 +358,7 @@ class Subagents:
             log.info(
                 "task call refused", extra=logs.fields(session=session, tool_call_id=call.id, error=refusal)
             )
-            result = _error_result(call.id, refusal)
-            await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
-            return result
+            return await self._refuse(execution_id, call.id, refusal, effect, record)
         assert mine is not None and mine.args is not None
         if effect is not None and effect.approval_result is not None:
             return await self._receipt(call.id, uid, mine.args, effect, record)
@@ -368,10 +369,9 @@ class Subagents:
         except (HarnessUnavailableError, InvalidArgumentError, FailedPreconditionError) as exc:
             if effect is not None and effect.approval_request is not None:
                 raise  # it waits already: the next attempt starts it
-            why = f"subagent {uid} could not start: {exc}"
-            result = _error_result(call.id, why)
-            await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
-            return result
+            return await self._refuse(
+                execution_id, call.id, f"subagent {uid} could not start: {exc}", effect, record
+            )
         for other in planned.values():
             if (
                 other.call_id != call.id
@@ -396,9 +396,7 @@ class Subagents:
             request_seq = effect.approval_request[0]
         child = await self._child(uid)
         if child is not None and child[1] is not None and child[1].completed:
-            decided = self._decision(
-                execution_id, call.id, request_seq, approved=True, reason="the child settled"
-            )
+            decided = self._decision(execution_id, call.id, request_seq, SETTLED)
             rec = await record(decided)
             result = receipt(
                 call.id, uid, child[0], child[1], mine.args, decided.approval_result, request_seq, rec.seq
@@ -410,6 +408,25 @@ class Subagents:
         raise park(
             common_pb2.ApprovalRef(execution_id=execution_id, tool_call_id=call.id, request_seq=request_seq)
         )
+
+    async def _refuse(
+        self, execution_id: str, call_id: str, why: str, effect: Effect | None, record: Recorder
+    ) -> common_pb2.ToolResult:
+        """Answer the call at once with an error receipt saying why, through the gate's records (its
+        request and the host's decision), as every REQUIRES_APPROVAL call is answered."""
+        if effect is not None and effect.approval_request is not None:
+            request_seq = effect.approval_request[0]
+        else:
+            request = common_pb2.ApprovalRequest(tool_call_id=call_id, reason=f"{WAIT_REASON}: {why}")
+            asked = common_pb2.Event(kind=K.EVENT_APPROVAL_REQUEST, approval=request)
+            request_seq = (await record(asked)).seq
+        if effect is not None and effect.approval_result is not None:
+            decision_seq = effect.approval_result[0]
+        else:
+            decision_seq = (await record(self._decision(execution_id, call_id, request_seq, why))).seq
+        result = _error_result(call_id, why, request_seq=request_seq, decision_seq=decision_seq)
+        await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
+        return result
 
     async def _refusal(self, row: SessionRow, mine: Planned | None, call: common_pb2.ToolCall) -> str:
         if mine is None or mine.args is None:
@@ -458,15 +475,15 @@ class Subagents:
         return result
 
     @staticmethod
-    def _decision(
-        execution_id: str, call_id: str, request_seq: int, *, approved: bool, reason: str
-    ) -> common_pb2.Event:
-        # No time stamp: recovery continues a host decision at once (it leaves a person's 2 s).
+    def _decision(execution_id: str, call_id: str, request_seq: int, reason: str) -> common_pb2.Event:
+        """The host's decision on a task call: always approved (the call ran: its receipt, an error
+        result unless ``reason`` is SETTLED, says how); no time stamp, so recovery continues at once
+        (it leaves a person's decision 2 s)."""
         return common_pb2.Event(
             execution_id=execution_id,
             kind=K.EVENT_APPROVAL_RESULT,
             approval_result=common_pb2.ApprovalResult(
-                tool_call_id=call_id, approved=approved, reason=reason, request_seq=request_seq
+                tool_call_id=call_id, approved=True, reason=reason, request_seq=request_seq
             ),
             actor=HOST_ACTOR,
         )
@@ -562,9 +579,7 @@ class Subagents:
                 child = child_uid(uid, ex.id, call_id)
                 state = await self._child(child)
                 if state is not None and state[1] is not None and state[1].completed:
-                    decisions.append(
-                        self._decision(ex.id, call_id, request_seq, approved=True, reason="the child settled")
-                    )
+                    decisions.append(self._decision(ex.id, call_id, request_seq, SETTLED))
                     continue
                 asked = request.ts.ToNanoseconds() / 1e9 if request.HasField("ts") else now
                 if now - asked >= self.settings.wait_timeout_s:
@@ -572,7 +587,7 @@ class Subagents:
                         f"subagent {child} did not settle within {self.settings.wait_timeout_s:g} s "
                         "(--subagent-wait-timeout); it was cancelled"
                     )
-                    decisions.append(self._decision(ex.id, call_id, request_seq, approved=False, reason=why))
+                    decisions.append(self._decision(ex.id, call_id, request_seq, why))
                     expired.append(child)
                     continue
                 return False  # the last child has not settled yet
