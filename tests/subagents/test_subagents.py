@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from agentsessions.ext.v1 import subagents_pb2, subagents_pb2_grpc
+from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.controller.subagents import HOST_ACTOR, SubagentSettings, child_uid
 from agentsessions.host.journal.sqlite import SqliteStore
@@ -105,6 +105,10 @@ async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_b
     assert {await host.harness.next_started(), await host.harness.next_started()} == {"alpha", "beta"}
     execution = final.pending_approval.execution_id
     first, second = (child_uid(uid, execution, call) for call in ("call-a", "call-b"))
+    # Watchers see the wait too: the session item a Watch opens with.
+    watched = [u async for u in host.live.Watch(live_pb2.WatchRequest(session=uid), timeout=30)]
+    assert watched[0].session.exec_state == session_pb2.EXEC_AWAITING
+    assert watched[0].session.pending_approval == final.pending_approval
 
     host.harness.open("alpha")
     await settled(host, first)
@@ -375,3 +379,30 @@ async def check_links(stub: subagents_pb2_grpc.SubagentsStub, uid: str, executio
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await stub.GetSubagents(subagents_pb2.GetSubagentsRequest(session="sess-none"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_child_that_ended_while_nothing_watched_its_parent_wakes_it_after_a_restart(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("c", prompt="finish alone", harness="gated")]),
+        Reply.completion("finished"),
+    )
+    async with world(store, endpoint, settings()) as first_host:
+        uid, updates = await delegate(first_host)
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
+        assert await first_host.harness.next_started() == "finish alone"
+        # This host stops looking at waiting parents (as a host does when it goes away), then the child
+        # finishes: its end is journaled, its parent is not decided.
+        assert first_host.controller.live is not None
+        await first_host.controller.live.subagents.close()
+        first_host.harness.open("finish alone")
+        await settled(first_host, child)
+        state = await first_host.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid))
+        assert state.exec_state == session_pb2.EXEC_AWAITING
+        assert of_kind(await first_host.records(uid), K.EVENT_APPROVAL_RESULT) == []
+    # The next host on the journal finds the child by its row and continues the parent by itself.
+    async with world(store, endpoint, settings()) as second_host:
+        records = await settled(second_host, uid)
+        assert output(records) == "ok finished"
+        assert len(of_kind(await second_host.records(child), K.EVENT_EXECUTION_START)) == 1
