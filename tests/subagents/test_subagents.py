@@ -139,6 +139,7 @@ async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_b
     for decision, result in zip(decisions, results, strict=True):
         assert receipt_conflict(decision.event.approval_result, result.event.result) is None
     assert len(endpoint.received) == 3  # the parent's one model call and one per child
+    assert host.controller.live is not None and host.controller.live.subagents.children_started == 2
     # A controller replay re-runs the parent from its journal: the receipts are served, nothing runs.
     head = (await host.store.head(uid)).seq
     report = await host.controller.replay(uid)

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host import logs
@@ -140,7 +140,7 @@ def depth_of(row: SessionRow) -> int:
     return link.depth if link is not None else 0
 
 
-def planned_calls(events: list[common_pb2.Event], ex: Execution, max_children: int) -> list[Planned]:
+def planned_calls(events: list[common_pb2.Event], ex: Execution) -> list[Planned]:
     """The execution's task calls in the order they first appear (a model output's proposed calls,
     then the harness's calls), each with its arguments checked and its slot counted."""
     seen: dict[str, Planned] = {}
@@ -164,7 +164,6 @@ def planned_calls(events: list[common_pb2.Event], ex: Execution, max_children: i
         if planned.args is not None:
             planned.slot = slot
             slot += 1
-    del max_children  # the slot is compared by the caller
     return list(seen.values())
 
 
@@ -219,13 +218,6 @@ def receipt(
     return result
 
 
-@dataclass
-class _Waiting:
-    """Parents this host knows wait for children (rebuilt from the children's rows at start-up)."""
-
-    parents: set[str] = field(default_factory=set)
-
-
 class Subagents:
     """The task tool's gate (called by the execution sink), the wake of waiting parents, the cascade
     of Cancel and Delete to children, and the links for ``agentsessions.ext.v1.Subagents``."""
@@ -243,7 +235,7 @@ class Subagents:
         self.settings = settings
         self.host = host  # children are made with the host's authority (the parent's caller was checked)
         self._on_decided = on_decided  # the recoverer continues a decided parent
-        self._waiting = _Waiting()
+        self._waiting: set[str] = set()  # parents this host knows wait (found again by the scan)
         self._task: asyncio.Task[None] | None = None
         self._looking: set[asyncio.Task[None]] = set()
         self._kick = asyncio.Event()
@@ -279,11 +271,14 @@ class Subagents:
             ex = next((e for e in executions if e.id == link.execution_id), None)
             if ex is None or ex.completed:
                 continue
-            planned = {p.call_id: p for p in planned_calls(events, ex, self.settings.max_children)}
+            planned = {p.call_id: p for p in planned_calls(events, ex)}
             wanted = planned.get(link.tool_call_id)
             if wanted is not None and wanted.args is not None:
-                await self._start_child(parent, ex, wanted.call_id, wanted.args)
-            self._waiting.parents.add(parent.uid)
+                try:
+                    await self._start_child(parent, ex, wanted.call_id, wanted.args)
+                except ControllerError as exc:  # its harness away, say: the next scan tries again
+                    log.info("subagent not started yet", extra=logs.fields(session=uid, error=str(exc)))
+            self._waiting.add(parent.uid)
         self._kick.set()
 
     async def _keep(self) -> None:
@@ -298,12 +293,14 @@ class Subagents:
                     )
             scans += 1
             self._kick.clear()
-            for uid in sorted(self._waiting.parents):
+            for uid in sorted(self._waiting):
                 try:
                     await self.wake(uid)
                 except (StoreError, ControllerError) as exc:
                     what = logs.fields(session=uid, error=type(exc).__name__)
                     log.info("subagent wake not done yet", extra=what)
+                except Exception:  # the loop must outlive one parent's surprise; it is logged
+                    log.exception("subagent wake failed", extra=logs.fields(session=uid))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.scan_s):
                     await self._kick.wait()
@@ -319,7 +316,7 @@ class Subagents:
             row = await self.core.store.get_session(uid)
             link = link_of(row) if row is not None else None
             if link is not None:
-                self._waiting.parents.add(link.parent)
+                self._waiting.add(link.parent)
                 self._kick.set()
 
     # -- the gate (ExecutionSink) ------------------------------------------------------------------
@@ -342,14 +339,14 @@ class Subagents:
             raise FailedPreconditionError(f"session {session} is gone")
         events, executions = await sessions.read(core, row)
         ex = next((e for e in executions if e.id == execution_id), None)
-        planned = {p.call_id: p for p in planned_calls(events, ex, self.settings.max_children)} if ex else {}
+        planned = {p.call_id: p for p in planned_calls(events, ex)} if ex else {}
         if effect is None:
             intent = common_pb2.ToolCall()
             intent.CopyFrom(call)
             await record(common_pb2.Event(kind=K.EVENT_TOOL_CALL, tool=intent))
             events, executions = await sessions.read(core, row)
             ex = next(e for e in executions if e.id == execution_id)
-            planned = {p.call_id: p for p in planned_calls(events, ex, self.settings.max_children)}
+            planned = {p.call_id: p for p in planned_calls(events, ex)}
         assert ex is not None
         uid = child_uid(session, execution_id, call.id)
         mine = planned.get(call.id)
@@ -403,7 +400,7 @@ class Subagents:
             )
             await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
             return result
-        self._waiting.parents.add(session)
+        self._waiting.add(session)
         self._kick.set()
         raise park(
             common_pb2.ApprovalRef(execution_id=execution_id, tool_call_id=call.id, request_seq=request_seq)
@@ -555,20 +552,20 @@ class Subagents:
         core = self.core
         row = await core.store.get_session(uid)
         if row is None:
-            self._waiting.parents.discard(uid)
+            self._waiting.discard(uid)
             return False
         expired: list[str] = []
         async with core.guards.hold_when_free(uid):
             events, executions = await sessions.read(core, row)
             ex = latest_execution(executions)
             if ex is None or ex.completed:
-                self._waiting.parents.discard(uid)
+                self._waiting.discard(uid)
                 return False
             waiting = [e for e in recorded_effects(events, ex)[0] if _waits(e)]
             undecided = [e for e in waiting if e.approval_request is not None and e.approval_result is None]
             if not undecided:
                 if not waiting:
-                    self._waiting.parents.discard(uid)
+                    self._waiting.discard(uid)
                 return False
             decisions: list[common_pb2.Event] = []
             now = time.time()
@@ -595,7 +592,7 @@ class Subagents:
                 return False  # a child the model proposed with them still runs: they resume together
             fence = await core.writer.mint(uid, len(events))
             await core.writer.append(uid, decisions, len(events), fence)
-        self._waiting.parents.discard(uid)
+        self._waiting.discard(uid)
         for child in expired:
             await self._cancel_child(child, f"its wait timed out after {self.settings.wait_timeout_s:g} s")
         log.info("subagent parent decided", extra=logs.fields(session=uid, execution_id=ex.id))
@@ -608,7 +605,7 @@ class Subagents:
         """Whether every other child the execution started (a proposed call without its own gate yet)
         settled."""
         skip = {e.call.tool.id for e in gated}
-        for planned in planned_calls(events, ex, self.settings.max_children):
+        for planned in planned_calls(events, ex):
             if planned.call_id in skip or planned.args is None or planned.slot >= self.settings.max_children:
                 continue
             state = await self._child(child_uid(uid, ex.id, planned.call_id))
@@ -629,7 +626,7 @@ class Subagents:
         for ex in chosen:
             if ex.inherited:
                 continue
-            for planned in planned_calls(events, ex, self.settings.max_children):
+            for planned in planned_calls(events, ex):
                 child = await self.core.store.get_session(child_uid(uid, ex.id, planned.call_id))
                 if child is not None:
                     link = link_of(child)
