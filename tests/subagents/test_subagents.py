@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 from grpc import aio
 
 from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
@@ -23,8 +24,9 @@ from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.service.subagents import SubagentsServicer
+from agentsessions.sdk import EventSink, Start
 from agentsessions.sdk.approval import receipt_conflict
-from agentsessions.v1 import common_pb2, session_pb2
+from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 from tests.live.world import TEST_SETTINGS, LiveHost, ends, exec_request, live_host
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
 from tests.support.subagent_harnesses import Delegator, Worker
@@ -407,3 +409,49 @@ async def test_a_child_that_ended_while_nothing_watched_its_parent_wakes_it_afte
         records = await settled(second_host, uid)
         assert output(records) == "ok finished"
         assert len(of_kind(await second_host.records(child), K.EVENT_EXECUTION_START)) == 1
+
+
+class OwnCalls:
+    """A harness that makes task calls of its own (no model proposes them): one per line of its input."""
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return await Delegator().describe()
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        answers = []
+        for i, prompt in enumerate(start.last_input_text().splitlines()):
+            args = struct_pb2.Struct()
+            args.update({"prompt": prompt, "harness": "worker"})
+            result = await sink.tool_call(
+                common_pb2.ToolCall(
+                    id=f"own-{i}",
+                    tool="task",
+                    args=args,
+                    mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL,
+                    idempotency_key=f"{start.execution_id}/own-{i}",
+                )
+            )
+            answers.append("".join(p.text.text for p in result.content))
+        await sink.output(" | ".join(answers))
+
+
+async def test_task_calls_nobody_proposed_run_one_after_the_other(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    model = OpenAIModel("scripted", base_url=endpoint.base_url)
+    local = {"own": OwnCalls(), "worker": Worker()}
+    async with live_host(store, settings=settings(), model=model, local=local) as host:
+        uid = await host.create("own")
+        [u async for u in host.sessions.Exec(exec_request(uid, "first\nsecond"), timeout=30)]
+        records = await settled(host, uid)
+        assert output(records) == "done first | done second"
+        execution = execution_of(records)
+        first = await host.records(child_uid(uid, execution, "own-0"))
+        second = await host.records(child_uid(uid, execution, "own-1"))
+        # The second child was started only once the first call had its receipt.
+        (receipt,) = [r for r in of_kind(records, K.EVENT_TOOL_RESULT) if r.event.result.id == "own-0"]
+        (second_call,) = [r for r in of_kind(records, K.EVENT_TOOL_CALL) if r.event.tool.id == "own-1"]
+        assert receipt.seq < second_call.seq
+        assert (
+            len(of_kind(first, K.EVENT_EXECUTION_START)) == len(of_kind(second, K.EVENT_EXECUTION_START)) == 1
+        )
