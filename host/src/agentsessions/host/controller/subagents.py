@@ -555,7 +555,9 @@ class Subagents:
             self._waiting.discard(uid)
             return False
         expired: list[str] = []
-        async with core.guards.hold_when_free(uid):
+        if core.guards.busy(uid) or uid in core.driver.running:
+            return False  # its turn runs here (it parks in a moment, or finds its children settled)
+        async with core.guards.hold(uid):
             events, executions = await sessions.read(core, row)
             ex = latest_execution(executions)
             if ex is None or ex.completed:
