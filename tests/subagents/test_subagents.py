@@ -1,4 +1,5 @@
-"""The host's ``task`` tool on an in-process live host (the real controller, SQLite journal, the model a
+"""The host's ``task`` tool on an in-process live host (the real controller, SQLite and PostgreSQL
+journals, the model a
 scripted chat-completions endpoint on loopback): a parent delegating to two children in parallel
 completes after both with one park; a failing child is an error result carrying its error and partial
 output; bad arguments and limits get precise error results at once; Cancel and Delete cascade; a
@@ -20,7 +21,7 @@ from grpc import aio
 from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.controller.subagents import HOST_ACTOR, SubagentSettings, child_uid
-from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.service.subagents import SubagentsServicer
@@ -45,9 +46,18 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
         yield served
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test on SQLite and on PostgreSQL (a database of its own). A sync fixture, so that it may
+    ask for the async per-test database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return str(tmp_path / "journal.db")
+
+
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
+async def store(journal: str) -> AsyncIterator[JournalStore]:
+    opened = await open_store(journal)
     try:
         yield opened
     finally:
