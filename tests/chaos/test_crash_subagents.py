@@ -38,7 +38,9 @@ LK = common_pb2.Lifecycle.Kind
 class SubagentWorld:
     """Host, harness processes, model endpoint and control directory of one test."""
 
-    def __init__(self, tmp: Path, sockets: Path, model: ScriptedEndpoint) -> None:
+    def __init__(
+        self, tmp: Path, sockets: Path, model: ScriptedEndpoint, extra: tuple[str, ...] = ()
+    ) -> None:
         self.control = tmp / "control"
         self.control.mkdir()
         self.journal = tmp / "journal.db"
@@ -66,6 +68,7 @@ class SubagentWorld:
             "python:tests.support.effect_tool:record_effect",
             "--recover-backoff",
             "0.1",
+            *extra,
         ]
         self.host = HostProcess(self.journal, tmp, args)
 
@@ -142,9 +145,16 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
 
 
 @pytest.fixture
-async def world(tmp_path: Path, endpoint: ScriptedEndpoint) -> AsyncIterator[SubagentWorld]:
+def host_flags() -> tuple[str, ...]:
+    return ()
+
+
+@pytest.fixture
+async def world(
+    tmp_path: Path, endpoint: ScriptedEndpoint, host_flags: tuple[str, ...]
+) -> AsyncIterator[SubagentWorld]:
     sockets = Path(tempfile.mkdtemp(prefix="asc-", dir="/tmp"))  # unix socket paths stay short
-    made = SubagentWorld(tmp_path, sockets, endpoint)
+    made = SubagentWorld(tmp_path, sockets, endpoint, host_flags)
     try:
         await made.start()
         yield made
@@ -264,4 +274,21 @@ async def test_over_connect_a_bad_call_gets_its_error_and_a_good_one_its_child(w
     assert end.event.end.state == "COMPLETED"
     text = "".join(p.text.text for p in of_kind(records, K.EVENT_OUTPUT)[-1].event.message.parts)
     assert text == "error task argument 'prompt' must be a non-empty string: the child's input\nok done b"
+    await finish(world)
+
+
+@pytest.mark.parametrize("host_flags", [("--max-executions", "1", "--max-project-executions", "1")])
+async def test_a_child_that_cannot_start_is_an_error_result(world: SubagentWorld) -> None:
+    # One execution at a time: the parent's own turn holds it, so its child's turn is refused.
+    turn = world.delegate(world.job("a"))
+    await turn.status()
+    records = await world.until_end(turn.session)
+    (end,) = of_kind(records, K.EVENT_END)
+    assert end.event.end.state == "COMPLETED"
+    (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert result.event.result.is_error and result.event.result.code == common_pb2.ToolResult.EXECUTOR_ERROR
+    child = child_uid(turn.session, end.event.execution_id, "call-0")
+    assert result.event.result.error.startswith(f"subagent {child} could not start: ")
+    assert "--max-executions" in result.event.result.error
+    assert of_kind(await world.records(child), K.EVENT_EXECUTION_START) == []
     await finish(world)

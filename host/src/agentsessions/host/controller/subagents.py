@@ -35,6 +35,8 @@ from agentsessions.host.controller.errors import (
     FailedPreconditionError,
     HarnessUnavailableError,
     InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
     SessionBusyError,
 )
 from agentsessions.host.controller.executions import Effect, Execution, latest_execution, recorded_effects
@@ -363,7 +365,7 @@ class Subagents:
         # (they fan out now; their own calls find them started).
         try:
             await self._start_child(row, ex, call.id, mine.args)
-        except (HarnessUnavailableError, InvalidArgumentError, FailedPreconditionError) as exc:
+        except _NOT_STARTED as exc:
             if effect is not None and effect.approval_request is not None:
                 raise  # it waits already: the next attempt starts it
             return await self._refuse(
@@ -377,7 +379,7 @@ class Subagents:
             ):
                 try:
                     await self._start_child(row, ex, other.call_id, other.args)
-                except (HarnessUnavailableError, InvalidArgumentError, FailedPreconditionError) as exc:
+                except ControllerError as exc:
                     # Its own call starts it, or answers why it cannot.
                     log.info("subagent not started yet", extra=logs.fields(session=uid, error=str(exc)))
         if effect is None or effect.approval_request is None:
@@ -666,6 +668,16 @@ class Subagents:
             return None
         link = link_of(row)
         return child if link is not None and link.parent == uid else None
+
+
+# Why a child's turn may not start, answered to its task call (a call already waiting retries instead).
+_NOT_STARTED = (
+    HarnessUnavailableError,
+    InvalidArgumentError,
+    FailedPreconditionError,
+    ResourceExhaustedError,
+    PermissionDeniedError,
+)
 
 
 def _waits(effect: Effect) -> bool:
