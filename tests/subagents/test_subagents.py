@@ -465,3 +465,16 @@ async def test_task_calls_nobody_proposed_run_one_after_the_other(
         assert (
             len(of_kind(first, K.EVENT_EXECUTION_START)) == len(of_kind(second, K.EVENT_EXECUTION_START)) == 1
         )
+
+
+async def test_a_deleted_child_answers_its_call_with_an_error(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("doomed", prompt="hold me", harness="gated")]))
+    uid, updates = await delegate(host)
+    assert await host.harness.next_started() == "hold me"
+    child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "doomed")
+    await host.sessions.DeleteSession(session_pb2.DeleteSessionRequest(uid=child))
+    records = await settled(host, uid)
+    (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert result.event.result.error == f"subagent {child} was deleted"

@@ -169,6 +169,10 @@ def planned_calls(events: list[common_pb2.Event], ex: Execution) -> list[Planned
     return list(seen.values())
 
 
+def deleted(child: str) -> str:
+    return f"subagent {child} was deleted"
+
+
 def _error_result(call_id: str, error: str, *, request_seq: int, decision_seq: int) -> common_pb2.ToolResult:
     """A failed task call's receipt (an approved call whose run failed: EXECUTOR_ERROR)."""
     return common_pb2.ToolResult(
@@ -465,11 +469,12 @@ class Subagents:
     ) -> common_pb2.ToolResult:
         assert effect.approval_request is not None and effect.approval_result is not None
         decision_seq, decided = effect.approval_result
+        request_seq = effect.approval_request[0]
         child = await self._child(uid)
-        events, ex = child if child is not None else ([], None)
-        result = receipt(
-            call_id, uid, events, ex, args, decided.approval_result, effect.approval_request[0], decision_seq
-        )
+        if child is None:
+            result = _error_result(call_id, deleted(uid), request_seq=request_seq, decision_seq=decision_seq)
+        else:
+            result = receipt(call_id, uid, *child, args, decided.approval_result, request_seq, decision_seq)
         await record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
         return result
 
@@ -581,6 +586,9 @@ class Subagents:
                 state = await self._child(child)
                 if state is not None and state[1] is not None and state[1].completed:
                     decisions.append(self._decision(ex.id, call_id, request_seq, SETTLED))
+                    continue
+                if state is None:  # someone deleted the child: it never settles
+                    decisions.append(self._decision(ex.id, call_id, request_seq, deleted(child)))
                     continue
                 asked = request.ts.ToNanoseconds() / 1e9 if request.HasField("ts") else now
                 if now - asked >= self.settings.wait_timeout_s:
