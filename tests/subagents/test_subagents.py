@@ -27,6 +27,7 @@ from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.service.subagents import SubagentsServicer
 from agentsessions.sdk import EventSink, Start
 from agentsessions.sdk.approval import receipt_conflict
+from agentsessions.sdk.harness import Harness
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 from tests.live.world import TEST_SETTINGS, LiveHost, ends, exec_request, live_host
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
@@ -449,7 +450,7 @@ async def test_task_calls_nobody_proposed_run_one_after_the_other(
     store: JournalStore, endpoint: ScriptedEndpoint
 ) -> None:
     model = OpenAIModel("scripted", base_url=endpoint.base_url)
-    local = {"own": OwnCalls(), "worker": Worker()}
+    local: dict[str, Harness] = {"own": OwnCalls(), "worker": Worker()}
     async with live_host(store, settings=settings(), model=model, local=local) as host:
         uid = await host.create("own")
         [u async for u in host.sessions.Exec(exec_request(uid, "first\nsecond"), timeout=30)]
