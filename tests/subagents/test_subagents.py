@@ -95,6 +95,10 @@ def output(records: list[common_pb2.LogRecord]) -> str:
     return "".join(p.text.text for p in outputs[-1].event.message.parts)
 
 
+def is_resume(record: common_pb2.LogRecord) -> bool:
+    return record.event.kind == K.EVENT_LIFECYCLE and record.event.lifecycle.kind == LK.LIFECYCLE_RESUME
+
+
 def of_kind(records: list[common_pb2.LogRecord], kind: int) -> list[common_pb2.LogRecord]:
     return [r for r in records if r.event.kind == kind]
 
@@ -153,8 +157,10 @@ async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_b
         assert receipt_conflict(decision.event.approval_result, result.event.result) is None
     assert len(endpoint.received) == 3  # the parent's one model call and one per child
     assert host.controller.live is not None and host.controller.live.subagents.children_started == 2
+    # Recovery continued the parent: its RESUME marker closes the journal.
+    records = await host.wait_for(uid, lambda rs: is_resume(rs[-1]), "the parent's RESUME marker")
     # A controller replay re-runs the parent from its journal: the receipts are served, nothing runs.
-    head = (await host.store.head(uid)).seq
+    head = records[-1].seq
     report = await host.controller.replay(uid)
     assert (report.executions, report.model_calls, report.outputs[-1]) == (1, 0, "ok A\nok B")
     assert (await host.store.head(uid)).seq == head
@@ -478,4 +484,9 @@ async def test_a_deleted_child_answers_its_call_with_an_error(
     await host.sessions.DeleteSession(session_pb2.DeleteSessionRequest(uid=child))
     records = await settled(host, uid)
     (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
-    assert result.event.result.error == f"subagent {child} was deleted"
+    # The delete cancels the child's turn before it drops the row: the parent hears of whichever came
+    # first, the cancelled turn or the deleted session.
+    assert result.event.result.error in (
+        f"subagent {child} was deleted",
+        f"subagent {child} ended CANCELED: session deleted",
+    )
