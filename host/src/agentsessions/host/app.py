@@ -12,13 +12,14 @@ registry -> controller -> servicers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from grpc import aio
 
-from agentsessions.ext.v1 import live_pb2_grpc
+from agentsessions.ext.v1 import live_pb2_grpc, subagents_pb2_grpc
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
@@ -38,7 +39,7 @@ from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
-from agentsessions.host.service import live, registry, sessions
+from agentsessions.host.service import live, registry, sessions, subagents
 from agentsessions.host.service.decoding import DecodingInterceptor
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
@@ -199,6 +200,7 @@ def live_settings(config: HostConfig, *, authenticated: bool) -> LiveSettings:
         key_retention_s=config.idempotency_retention_seconds,
         detach_exec=config.detach_exec,
         host_call=CallContext(HOST_PRINCIPAL, "host") if authenticated else ANONYMOUS,
+        subagents=dataclasses.replace(config.subagents, scan_s=min(1.0, ttl / 3)),
     )
 
 
@@ -234,6 +236,13 @@ async def build_app(config: HostConfig) -> App:
             Service(
                 live.SERVICE_NAME,
                 functools.partial(live_pb2_grpc.add_LiveSessionsServicer_to_server, live_servicer),
+            )
+        )
+        subagents_servicer = subagents.SubagentsServicer(controller)
+        app.services.append(
+            Service(
+                subagents.SERVICE_NAME,
+                functools.partial(subagents_pb2_grpc.add_SubagentsServicer_to_server, subagents_servicer),
             )
         )
     registry_servicer = registry.HarnessRegistryServicer(controller.catalog)

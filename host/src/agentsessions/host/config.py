@@ -20,6 +20,7 @@ from agentsessions.host import limits as host_limits
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
+from agentsessions.host.controller.subagents import SubagentSettings
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
 from agentsessions.host.models.policy import RetryPolicy
@@ -122,6 +123,8 @@ class HostConfig:
     idempotency_retention_seconds: float = DEFAULT_IDEMPOTENCY_RETENTION_SECONDS
     # Plain Exec turns run to their end when their caller goes away (default: cancelled, as the reference).
     detach_exec: bool = False
+    # The task tool's limits: children per turn, depth, wait timeout (docs/subagents.md).
+    subagents: SubagentSettings = field(default_factory=SubagentSettings)
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -285,6 +288,7 @@ class HostConfig:
             or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
             or None,
             limits=_limits(args, environ),
+            subagents=_subagents(args, environ),
             tls_cert=pick("tls_cert", "") or None,
             tls_key=pick("tls_key", "") or None,
             tls_client_ca=pick("tls_client_ca", "") or None,
@@ -302,6 +306,60 @@ class HostConfig:
             http_listen=pick("http_listen", "") or None,
             **_live_from_sources(args, environ),
         )
+
+
+# The task tool's flags (docs/subagents.md): (flag, attribute, what it must be).
+_SUBAGENT_FLAGS = (
+    ("--subagent-max-children", "subagent_max_children", "an integer of at least 1"),
+    ("--subagent-max-depth", "subagent_max_depth", "an integer of at least 0"),
+    ("--subagent-wait-timeout", "subagent_wait_timeout", "a positive number of seconds"),
+)
+
+
+def _subagents(args: argparse.Namespace, environ: Mapping[str, str]) -> SubagentSettings:
+    defaults = SubagentSettings()
+    values: list[float] = []
+    for (flag, attr, rule), default in zip(
+        _SUBAGENT_FLAGS, (defaults.max_children, defaults.max_depth, defaults.wait_timeout_s), strict=True
+    ):
+        given: str | None = getattr(args, attr, None)
+        text = given if given is not None else environ.get(ENV_PREFIX + attr.upper(), f"{default:g}")
+        try:
+            value = float(text) if attr == "subagent_wait_timeout" else int(text)
+        except ValueError:
+            raise ConfigError(f"{flag} {text!r} must be {rule}") from None
+        if (
+            (attr == "subagent_max_children" and value < 1)
+            or value < 0
+            or (attr == "subagent_wait_timeout" and value <= 0)
+        ):
+            raise ConfigError(f"{flag} {text!r} must be {rule}")
+        values.append(value)
+    return SubagentSettings(max_children=int(values[0]), max_depth=int(values[1]), wait_timeout_s=values[2])
+
+
+def add_subagent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The task tool's limits (docs/subagents.md)."""
+    env = ENV_PREFIX
+    defaults = SubagentSettings()
+    parser.add_argument(
+        "--subagent-max-children",
+        metavar="N",
+        help=f"task children one turn may start; the next task call gets an error result at once "
+        f"(env {env}SUBAGENT_MAX_CHILDREN; default {defaults.max_children})",
+    )
+    parser.add_argument(
+        "--subagent-max-depth",
+        metavar="N",
+        help=f"how deep task children may nest (1: a child may not delegate; 0: no task tool) "
+        f"(env {env}SUBAGENT_MAX_DEPTH; default {defaults.max_depth})",
+    )
+    parser.add_argument(
+        "--subagent-wait-timeout",
+        metavar="SECONDS",
+        help=f"how long a parent waits for a child; then the child is cancelled and the call gets an "
+        f"error result (env {env}SUBAGENT_WAIT_TIMEOUT; default {defaults.wait_timeout_s:g})",
+    )
 
 
 def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits.Limits:
@@ -456,6 +514,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_security_arguments(parser)
     add_http_arguments(parser)
     add_live_arguments(parser)
+    add_subagent_arguments(parser)
     parser.add_argument(
         "--otel-exporter",
         metavar="KIND",

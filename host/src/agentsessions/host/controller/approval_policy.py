@@ -172,6 +172,8 @@ class ApprovalPolicy:
         self.default = default or ProjectPolicy()
         self.projects = dict(projects or {})
         self._clock = clock
+        # Tools whose requests only the host's own code decides (subagents: ``task``), never a rule or expiry.
+        self.host_decided: frozenset[str] = frozenset()
         # (session, request seq) -> when this process first saw a request recorded without ts.
         self._first_seen: dict[tuple[str, int], float] = {}
 
@@ -294,7 +296,7 @@ class ApprovalPolicy:
             ),
             None,
         )
-        if call is None or not 0 < request_seq <= len(events):
+        if call is None or not 0 < request_seq <= len(events) or call.tool in self.host_decided:
             return None
         decision = self.decide(project, call, events, fork_seq)
         if decision is None:

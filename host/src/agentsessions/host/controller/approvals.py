@@ -72,6 +72,8 @@ async def unblock(
     stays undecided (the session stays paused, nothing runs)."""
     if gate.decided:
         return gate.execution
+    if gate.request_seq == 0 and gate.tool in core.policy.host_decided:
+        return gate.execution  # the host's own gate (a task call) makes its request when re-driven
     if gate.request_seq == 0:
         await _repair(core, row.uid, gate, fence)
     if not await settle(core, row, fence, on_record):

@@ -38,7 +38,12 @@ from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal import encode_page_token
 from agentsessions.host.journal.live import LiveStore
-from agentsessions.host.journal.store import JournalStore, JournalUnavailableError, SessionRow
+from agentsessions.host.journal.store import (
+    JournalStore,
+    JournalUnavailableError,
+    SessionNotFoundError,
+    SessionRow,
+)
 from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.v1 import common_pb2, session_pb2
@@ -153,6 +158,15 @@ class Controller:
         return encode_page_token(view.row.create_time_ns, view.row.uid)
 
     async def delete_session(self, uid: str, *, call: CallContext = ANONYMOUS) -> SessionView:
+        if self.live is not None:
+            # Delete cascades to the session's subagent children (docs/subagents.md).
+            await sessions.row(self._core, call, uid)
+            links = await self.live.subagents.children(uid, latest_only=False)
+            if links:
+                await self.live.cancel_cascading(uid, "", "session deleted", call)
+            for link in links:
+                with contextlib.suppress(SessionNotFoundError):
+                    await self.delete_session(link.child, call=call)
         if uid in self._core.driver.running:
             # A running turn is cancelled first (END{CANCELED} and the CANCEL marker are journaled);
             # its Exec then releases the session.

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -50,6 +50,7 @@ from agentsessions.host.controller.recoverer import (
 )
 from agentsessions.host.controller.sessions import new_session_uid
 from agentsessions.host.controller.state import SessionView, open_gate
+from agentsessions.host.controller.subagents import Subagents, SubagentSettings
 from agentsessions.host.controller.turns import ExecParams, Update
 from agentsessions.host.controller.watch import (
     DEFAULT_POLL_S,
@@ -62,7 +63,8 @@ from agentsessions.host.controller.watch import (
 from agentsessions.host.journal import POSTGRES_SCHEMES
 from agentsessions.host.journal.feed import FeedItem, QueueChanged
 from agentsessions.host.journal.live import DONE, QUEUED, IdempotencyKeyTaken, KeyRecord, LiveStore
-from agentsessions.host.journal.store import SessionExistsError, SessionRow
+from agentsessions.host.journal.store import SessionExistsError, SessionNotFoundError, SessionRow
+from agentsessions.host.tools.task import TASK_TOOL
 from agentsessions.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class LiveSettings:
     detach_exec: bool = False  # plain Exec turns outlive their caller
     watch_poll_s: float = DEFAULT_POLL_S
     host_call: CallContext = ANONYMOUS  # the host's own authority (queued turns)
+    subagents: SubagentSettings = field(default_factory=SubagentSettings)  # task limits (docs/subagents.md)
 
 
 class AdmittedTurn(Protocol):
@@ -158,6 +161,12 @@ class LiveSessions:
             self.recoverer = Recoverer(
                 core, keeper, self.recovery, on_idle=self.queue.kick, purge_keys=live.purge_keys
             )
+        # The task tool (subagents.py): offered to harnesses that list it; its gates only the host decides.
+        self.subagents = Subagents(
+            core, self.submitter, settings.subagents, settings.host_call, on_decided=self._continue_decided
+        )
+        core.sinks.tasks = self.subagents
+        core.policy.host_decided = frozenset({TASK_TOOL})
         keeper.on_ended = self._ended
         live.feed.listen(self._heard)
         self.listener: live_postgres.PostgresListener | None = None  # of other hosts' commits (PostgreSQL)
@@ -178,6 +187,11 @@ class LiveSessions:
             self.listener.start()
         if self.recoverer is not None:
             self.recoverer.start()
+        await self.subagents.start()
+
+    def _continue_decided(self) -> None:
+        if self.recoverer is not None:
+            self.recoverer.wake()  # its next scan continues the decided parent
 
     def drain(self) -> None:
         """The host began to drain: nothing new starts here (recoveries, queued turns), and turns
@@ -189,6 +203,7 @@ class LiveSessions:
         self.keeper.drain()
 
     async def close(self, grace_s: float = 0.0) -> None:
+        await self.subagents.close()
         if self.recoverer is not None:
             await self.recoverer.close()
         await self.queue.close()
@@ -199,6 +214,7 @@ class LiveSessions:
             await self.listener.close()
 
     def _ended(self, uid: str) -> None:
+        self.subagents.ended(uid)
         if uid in self.admission.queued:
             self.queue.kick(uid)
 
@@ -411,6 +427,13 @@ class LiveSessions:
             d.reason,
             d.identity,
         ]
+        child = await self.subagents.waiting_child(uid, d.execution_id, d.tool_call_id)
+        if child is not None:
+            await sessions.row(self.core, call, uid)  # an unknown or hidden session answers NOT_FOUND first
+            raise FailedPreconditionError(
+                f"tool call {d.tool_call_id!r} waits for subagent session {child}; the host decides it "
+                "when the child's turn ends (Cancel the session to stop waiting)"
+            )
         asked = self.keys.request(call, "Approve", parts)
         if asked is None:
             return await approvals.approve(self.core, call, uid, d)
@@ -439,7 +462,15 @@ class LiveSessions:
             if not execution_id:
                 await sessions.row(self.core, call, uid)
                 return  # nothing ran when the key was first used: nothing to cancel, ever
-        await self._cancel(uid, execution_id, reason or cancel.DEFAULT_REASON, call)
+        await self.cancel_cascading(uid, execution_id, reason or cancel.DEFAULT_REASON, call)
+
+    async def cancel_cascading(self, uid: str, execution_id: str, reason: str, call: CallContext) -> None:
+        """Cancel the session's turn, then its subagent children's (and theirs, docs/subagents.md)."""
+        links = await self.subagents.children(uid, latest_only=True)
+        await self._cancel(uid, execution_id, reason, call)
+        for link in links:
+            with contextlib.suppress(SessionNotFoundError):
+                await self.cancel_cascading(link.child, "", f"its parent session {uid} was cancelled", call)
 
     async def _running_execution(self, uid: str, call: CallContext) -> str:
         running = self.core.driver.running.get(uid)

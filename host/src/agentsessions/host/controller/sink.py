@@ -19,6 +19,10 @@ Modes (``agentsessions.host.controller.modes``): before a host-run call runs, an
 its request is decided, the session's mode judges it. A refused CONTROLLER_MEDIATED call gets an
 error result instead of running; a refused request gets the host's denial; a gated request carries
 the mode's reason. ``host_mode`` is the session's mode as announced to the harness.
+
+Subagents (``agentsessions.host.controller.subagents``): a ``task`` call of a harness that asked for
+the tool goes to ``tasks.gate``, which parks the execution as an approval does until its children
+settle, then writes the receipt.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from agentsessions.host.controller.approval_policy import SessionGate
 from agentsessions.host.controller.deltas import DeltaBatching, DeltaSink, DeltaStream
@@ -38,6 +43,7 @@ from agentsessions.host.controller.modes import GATE, ModeCheck, decided_by_mode
 from agentsessions.host.controller.tools import ToolInvoker, check_host_call, check_reported_result
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
+from agentsessions.host.tools.task import is_task_call
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
@@ -50,7 +56,21 @@ K = common_pb2
 
 # Appends one event for this execution and returns its durable record.
 Appender = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
-__all__ = ["Appender", "DeltaSink", "ExecutionSink", "SinkCounters"]
+__all__ = ["Appender", "DeltaSink", "ExecutionSink", "SinkCounters", "TaskGate"]
+
+
+class TaskGate(Protocol):
+    """Answers the ``task`` calls of a harness that asked for the tool (controller.subagents)."""
+
+    async def gate(
+        self,
+        session: str,
+        execution_id: str,
+        call: common_pb2.ToolCall,
+        effect: Effect | None,
+        record: Appender,
+        park: Callable[[common_pb2.ApprovalRef], ApprovalParkedError],
+    ) -> common_pb2.ToolResult: ...
 
 
 @dataclass
@@ -82,8 +102,10 @@ class ExecutionSink:
         gate: SessionGate | None = None,
         modes: ModeCheck | None = None,
         host_mode: str = "",
+        tasks: TaskGate | None = None,
     ) -> None:
         self.session = session
+        self._tasks = tasks  # the host's task tool, for a harness that asked for it
         self.execution_id = execution_id
         self._append = append
         self._model = model
@@ -269,7 +291,12 @@ class ExecutionSink:
             self._check_open()
             check_host_call(call)
             effect = self._next_recorded("tool")
+            tasks = self._tasks if self._tasks is not None and is_task_call(call) else None
             if effect is None:
+                if tasks is not None:
+                    return await tasks.gate(
+                        self.session, self.execution_id, call, None, self._record, self._park
+                    )
                 return await self._live_tool_call(call)
             recorded = effect.call.tool
             if _tool_identity(recorded) != _tool_identity(call):
@@ -280,6 +307,11 @@ class ExecutionSink:
                 if effect.approval_result is not None:
                     self._decisions[call.id] = effect.approval_result[1].approval_result
                 return effect.reply.result
+            if tasks is not None and self._live:
+                self._cursor += 1  # parallel task calls wait together: not only the trailing one
+                return await tasks.gate(
+                    self.session, self.execution_id, recorded, effect, self._record, self._park
+                )
             if self._cursor != len(self._recorded) - 1 or not self._live:
                 raise self._diverge(f"tool call {call.id!r} has no recorded result")
             if self._inherited:
@@ -316,6 +348,10 @@ class ExecutionSink:
             return effect.call.result
 
     # -- tools ----------------------------------------------------------------------------
+
+    def _park(self, ref: common_pb2.ApprovalRef) -> ApprovalParkedError:
+        self.parked = ApprovalParkedError(ref)
+        return self.parked
 
     async def _live_tool_call(self, call: common_pb2.ToolCall) -> common_pb2.ToolResult:
         intent = common_pb2.ToolCall()

@@ -13,11 +13,12 @@ from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
 from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mode
-from agentsessions.host.controller.sink import DeltaSink, ExecutionSink
+from agentsessions.host.controller.sink import DeltaSink, ExecutionSink, TaskGate
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelProvider
+from agentsessions.host.tools.task import offers_task
 from agentsessions.v1 import common_pb2, harness_pb2
 
 Events = Callable[[str], Awaitable[list[common_pb2.Event]]]
@@ -62,6 +63,8 @@ class SinkFactory:
         # What the mode check needs of host-run tools: their classes, workspaces, confinement.
         described = getattr(tools, "profile", None)
         self._profiles: Profiles | None = described if callable(described) else None
+        # The host's task tool (subagents), set by the live parts; offered to harnesses that list it.
+        self.tasks: TaskGate | None = None
 
     def live(
         self,
@@ -87,6 +90,7 @@ class SinkFactory:
             gate=SessionGate(self._policy, uid, row.project, row.fork_seq, lambda: self._events(uid)),
             modes=modes,
             host_mode=session_mode(row),
+            tasks=self.tasks if offers_task(descriptor) else None,
         )
 
     def replay(self, row: SessionRow, execution_id: str, recorded: Recorded) -> ExecutionSink:
@@ -121,6 +125,7 @@ class SinkFactory:
         gate: SessionGate | None,
         modes: ModeCheck | None,
         host_mode: str,
+        tasks: TaskGate | None = None,
     ) -> ExecutionSink:
         return ExecutionSink(
             session=uid,
@@ -139,4 +144,5 @@ class SinkFactory:
             gate=gate,
             modes=modes,
             host_mode=host_mode,
+            tasks=tasks,
         )

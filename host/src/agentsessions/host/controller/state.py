@@ -32,6 +32,7 @@ class Gate:
     tool_call_id: str
     request_seq: int  # 0 when the crash cut fell between TOOL_CALL and APPROVAL_REQUEST
     decided: bool
+    tool: str = ""
 
 
 def open_gate(events: list[common_pb2.Event], executions: list[Execution]) -> Gate | None:
@@ -49,7 +50,9 @@ def open_gate(events: list[common_pb2.Event], executions: list[Execution]) -> Ga
         if eff.call.tool.mediation != common_pb2.MEDIATION_REQUIRES_APPROVAL:
             continue
         request_seq = eff.approval_request[0] if eff.approval_request else 0
-        return Gate(latest, eff.call.tool.id, request_seq, eff.approval_result is not None)
+        return Gate(
+            latest, eff.call.tool.id, request_seq, eff.approval_result is not None, eff.call.tool.tool
+        )
     return None
 
 

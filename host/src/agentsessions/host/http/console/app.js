@@ -193,6 +193,30 @@ function createForm(project) {
 
 // -- one session ---------------------------------------------------------------------------------
 
+// Subagents (docs/subagents.md): a child of a task call names its parent in its labels.
+const SUBAGENT_PARENT = "agentsessions.io/subagent-parent";
+const SUBAGENT_CALL = "agentsessions.io/subagent-call";
+
+function subagentParent(session) {
+  return (session.labels || {})[SUBAGENT_PARENT] || "";
+}
+
+// The session this one came from: its fork parent, or the parent whose task call started it.
+function parentOf(session) {
+  return session.parent_uid || subagentParent(session);
+}
+
+// How a session came from its parent, as its parent's line in the tree says it.
+function linkText(session) {
+  if (subagentParent(session)) return `delegated task ${(session.labels || {})[SUBAGENT_CALL] || ""} to it`;
+  return `forked at seq ${session.fork_seq || 0}`;
+}
+
+function childText(child) {
+  if (subagentParent(child)) return `subagent of task ${(child.labels || {})[SUBAGENT_CALL] || ""}`;
+  return `from seq ${child.fork_seq || 0}`;
+}
+
 class SessionPage {
   constructor(uid) {
     this.uid = uid;
@@ -485,14 +509,14 @@ class SessionPage {
     const s = this.session;
     const line = [];
     const chain = [];
-    let parent = s.parent_uid;
-    let forkSeq = s.fork_seq;
+    let parent = parentOf(s);
+    let how = linkText(s);
     try {
       for (let depth = 0; parent && depth < 20; depth += 1) {
         const up = await api.get(`/sessions/${encodeURIComponent(parent)}`);
-        chain.unshift([up, forkSeq]);
-        parent = up.parent_uid;
-        forkSeq = up.fork_seq;
+        chain.unshift([up, how]);
+        parent = parentOf(up);
+        how = linkText(up);
       }
     } catch (error) {
       line.push(h("li", { text: `parent ${parent}: ${error.message}` }));
@@ -502,20 +526,20 @@ class SessionPage {
       let token = "";
       for (let pages = 0; pages < 10; pages += 1) {
         const page = await api.get("/sessions", { project: s.metadata.project, page_size: 100, page_token: token });
-        for (const other of page.sessions || []) if (other.parent_uid === this.uid) children.push(other);
+        for (const other of page.sessions || []) if (parentOf(other) === this.uid) children.push(other);
         token = page.next_page_token;
         if (!token) break;
       }
     } catch (error) {
       sayError(error);
     }
-    for (const [ancestor, at] of chain) {
-      line.push(h("li", {}, link(ancestor.metadata.uid, ancestor.metadata.name || ancestor.metadata.uid), ` forked at seq ${at || 0}`));
+    for (const [ancestor, text] of chain) {
+      line.push(h("li", {}, link(ancestor.metadata.uid, ancestor.metadata.name || ancestor.metadata.uid), ` ${text}`));
     }
     const self = h("li", { class: "self" }, h("strong", { text: s.metadata.name || s.metadata.uid }));
     if (children.length) {
       self.append(h("ul", { id: "children" }, children.map((child) =>
-        h("li", {}, link(child.metadata.uid, child.metadata.name || child.metadata.uid), ` from seq ${child.fork_seq || 0}`))));
+        h("li", {}, link(child.metadata.uid, child.metadata.name || child.metadata.uid), ` ${childText(child)}`))));
     }
     line.push(self);
     node.replaceChildren(h("h2", { text: "Fork tree" }),

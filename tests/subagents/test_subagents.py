@@ -1,0 +1,492 @@
+"""The host's ``task`` tool on an in-process live host (the real controller, SQLite and PostgreSQL
+journals, the model a
+scripted chat-completions endpoint on loopback): a parent delegating to two children in parallel
+completes after both with one park; a failing child is an error result carrying its error and partial
+output; bad arguments and limits get precise error results at once; Cancel and Delete cascade; a
+person cannot decide a task gate; the links are served over gRPC."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from grpc import aio
+
+from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
+from agentsessions.host.controller.live import LiveSettings
+from agentsessions.host.controller.subagents import HOST_ACTOR, SubagentSettings, child_uid
+from agentsessions.host.journal import open_store
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.models.openai import OpenAIModel
+from agentsessions.host.service.subagents import SubagentsServicer
+from agentsessions.sdk import EventSink, Start
+from agentsessions.sdk.approval import receipt_conflict
+from agentsessions.sdk.harness import Harness
+from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+from tests.live.world import TEST_SETTINGS, LiveHost, ends, exec_request, live_host
+from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
+from tests.support.subagent_harnesses import Delegator, Worker
+
+K = common_pb2.EventKind
+LK = common_pb2.Lifecycle
+
+
+def task(call_id: str, **args: Any) -> Mapping[str, Any]:
+    return {"id": call_id, "name": "task", "args": args}
+
+
+@pytest.fixture
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    with scripted_endpoint() as served:
+        yield served
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test on SQLite and on PostgreSQL (a database of its own). A sync fixture, so that it may
+    ask for the async per-test database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return str(tmp_path / "journal.db")
+
+
+@pytest.fixture
+async def store(journal: str) -> AsyncIterator[JournalStore]:
+    opened = await open_store(journal)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def settings(**limits: Any) -> LiveSettings:
+    return dataclasses.replace(TEST_SETTINGS, attempts=1, subagents=SubagentSettings(scan_s=0.1, **limits))
+
+
+@pytest.fixture
+async def host(store: JournalStore, endpoint: ScriptedEndpoint) -> AsyncIterator[LiveHost]:
+    async with world(store, endpoint, settings()) as h:
+        yield h
+
+
+def world(store: JournalStore, endpoint: ScriptedEndpoint, live: LiveSettings) -> Any:
+    model = OpenAIModel("scripted", base_url=endpoint.base_url)
+    return live_host(store, settings=live, model=model, local={"delegator": Delegator(), "worker": Worker()})
+
+
+async def delegate(host: LiveHost, text: str = "split the work") -> tuple[str, list[session_pb2.ExecUpdate]]:
+    uid = await host.create("delegator")
+    updates = [u async for u in host.sessions.Exec(exec_request(uid, text), timeout=30)]
+    return uid, updates
+
+
+async def settled(host: LiveHost, uid: str) -> list[common_pb2.LogRecord]:
+    return await host.wait_for(uid, lambda rs: bool(ends(rs)), f"the END of {uid}")
+
+
+def output(records: list[common_pb2.LogRecord]) -> str:
+    outputs = [r for r in records if r.event.kind == K.EVENT_OUTPUT]
+    return "".join(p.text.text for p in outputs[-1].event.message.parts)
+
+
+def is_resume(record: common_pb2.LogRecord) -> bool:
+    return record.event.kind == K.EVENT_LIFECYCLE and record.event.lifecycle.kind == LK.LIFECYCLE_RESUME
+
+
+def of_kind(records: list[common_pb2.LogRecord], kind: int) -> list[common_pb2.LogRecord]:
+    return [r for r in records if r.event.kind == kind]
+
+
+def execution_of(records: list[common_pb2.LogRecord]) -> str:
+    (start,) = of_kind(records, K.EVENT_EXECUTION_START)
+    return start.event.execution_id
+
+
+async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_both(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    calls = [task("call-a", prompt="alpha", harness="gated"), task("call-b", prompt="beta", harness="gated")]
+    endpoint.script(Reply.completion("", tool_calls=calls), Reply.completion("A"), Reply.completion("B"))
+    uid, updates = await delegate(host)
+    # The Exec ends at the park, showing the first call as the pending one.
+    final = updates[-1].session
+    assert final.exec_state == session_pb2.EXEC_AWAITING
+    assert final.pending_approval.tool_call_id == "call-a"
+    # Both children run at once (the gated harness holds each until the test opens it).
+    assert {await host.harness.next_started(), await host.harness.next_started()} == {"alpha", "beta"}
+    execution = final.pending_approval.execution_id
+    first, second = (child_uid(uid, execution, call) for call in ("call-a", "call-b"))
+    # Watchers see the wait too: the session item a Watch opens with.
+    watched = [u async for u in host.live.Watch(live_pb2.WatchRequest(session=uid), timeout=30)]
+    assert watched[0].session.exec_state == session_pb2.EXEC_AWAITING
+    assert watched[0].session.pending_approval == final.pending_approval
+
+    host.harness.open("alpha")
+    await settled(host, first)
+    # One child settled: the parent still waits for the last one.
+    waiting = await host.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid))
+    assert waiting.exec_state == session_pb2.EXEC_AWAITING
+    host.harness.open("beta")
+
+    records = await settled(host, uid)
+    assert ends(records)[0].event.end.state == "COMPLETED"
+    assert output(records) == "ok A\nok B"
+    for child in (first, second):
+        kids = await host.records(child)
+        assert len(of_kind(kids, K.EVENT_EXECUTION_START)) == 1  # each child ran once
+        assert [e.event.end.state for e in ends(kids)] == ["COMPLETED"]
+    # The parent parked once and resumed once, when the last child had settled.
+    parks = [
+        r
+        for r in records
+        if r.event.kind == K.EVENT_LIFECYCLE and r.event.lifecycle.kind == LK.LIFECYCLE_SUSPEND
+    ]
+    assert len(parks) == 1
+    decisions = of_kind(records, K.EVENT_APPROVAL_RESULT)
+    assert [d.event.actor for d in decisions] == [HOST_ACTOR, HOST_ACTOR]
+    assert all(d.seq > parks[0].seq for d in decisions)
+    results = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert [r.event.result.approval_decision_seq for r in results] == [d.seq for d in decisions]
+    for decision, result in zip(decisions, results, strict=True):
+        assert receipt_conflict(decision.event.approval_result, result.event.result) is None
+    assert len(endpoint.received) == 3  # the parent's one model call and one per child
+    assert host.controller.live is not None and host.controller.live.subagents.children_started == 2
+    # Recovery continued the parent: its RESUME marker closes the journal.
+    records = await host.wait_for(uid, lambda rs: is_resume(rs[-1]), "the parent's RESUME marker")
+    # A controller replay re-runs the parent from its journal: the receipts are served, nothing runs.
+    head = records[-1].seq
+    report = await host.controller.replay(uid)
+    assert (report.executions, report.model_calls, report.outputs[-1]) == (1, 0, "ok A\nok B")
+    assert (await host.store.head(uid)).seq == head
+
+
+async def test_a_failing_child_comes_back_as_an_error_result_with_its_error_and_partial_output(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion(
+            "",
+            tool_calls=[
+                task("call-ok", prompt="fine", harness="worker"),
+                task("call-bad", prompt=json.dumps({"name": "b", "fail": True}), harness="worker"),
+            ],
+        )
+    )
+    uid, _ = await delegate(host)
+    records = await settled(host, uid)
+    assert ends(records)[0].event.end.state == "COMPLETED"
+    ok, bad = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert not ok.event.result.is_error
+    result = bad.event.result
+    assert result.is_error and result.code == common_pb2.ToolResult.EXECUTOR_ERROR
+    child = child_uid(uid, execution_of(records), "call-bad")
+    assert result.error.startswith(f"subagent {child} ended FAILED: automatic recovery gave up")
+    assert "worker b failed on purpose" in result.error
+    texts = [p.text.text for p in result.content]
+    assert texts[-1] == "partial output: working on b"
+
+
+async def test_bad_task_arguments_get_precise_error_results_and_start_nothing(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion(
+            "",
+            tool_calls=[
+                task("c1"),
+                task("c2", prompt=5),
+                task("c3", prompt="x", fork=True, harness="worker"),
+                task("c4", prompt="x", colour="red"),
+                task("c5", prompt="x", harness="nope"),
+                task("c6", prompt="x", result_schema="object"),
+                task("c7", prompt="x", fork="yes"),
+            ],
+        )
+    )
+    uid, updates = await delegate(host)
+    assert updates[-1].record.event.end.state == "COMPLETED"  # nothing parked
+    records = await host.records(uid)
+    assert output(records).splitlines() == [
+        "error task argument 'prompt' is required: a non-empty string: the child's input",
+        "error task argument 'prompt' must be a non-empty string: the child's input",
+        "error task argument 'harness' cannot be combined with fork: a fork runs the parent's harness",
+        "error task argument 'colour' is not an argument of task "
+        "(it takes prompt, harness, fork, result_schema)",
+        "error task argument 'harness' names 'nope', which this host does not serve",
+        "error task argument 'result_schema' must be an object (a JSON Schema): "
+        "the data the child's result must match",
+        "error task argument 'fork' must be a boolean: "
+        "the child is a fork of the parent, before the delegating turn",
+    ]
+    # Each is answered through the gate's records, as every REQUIRES_APPROVAL call is: the request,
+    # the host's decision and an EXECUTOR_ERROR receipt naming both.
+    requests = of_kind(records, K.EVENT_APPROVAL_REQUEST)
+    decisions = of_kind(records, K.EVENT_APPROVAL_RESULT)
+    results = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert len(requests) == len(decisions) == len(results) == 7
+    for request, decision, result in zip(requests, decisions, results, strict=True):
+        receipt = result.event.result
+        assert receipt.code == common_pb2.ToolResult.EXECUTOR_ERROR
+        assert (receipt.approval_request_seq, receipt.approval_decision_seq) == (request.seq, decision.seq)
+        assert receipt_conflict(decision.event.approval_result, receipt) is None
+        assert decision.event.actor == HOST_ACTOR
+    execution = execution_of(records)
+    for call in ("c1", "c2", "c3", "c4", "c5", "c6", "c7"):
+        assert await host.store.get_session(child_uid(uid, execution, call)) is None
+
+
+async def test_task_calls_beyond_the_children_per_turn_are_refused_at_once(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion(
+            "",
+            tool_calls=[
+                task("one", prompt="first", harness="worker"),
+                task("two", prompt="second", harness="worker"),
+            ],
+        )
+    )
+    async with world(store, endpoint, settings(max_children=1)) as host:
+        uid, _ = await delegate(host)
+        records = await settled(host, uid)
+        assert output(records).splitlines() == [
+            "ok done first",
+            "error task refused: the turn already started 1 children, "
+            "the limit per turn (--subagent-max-children)",
+        ]
+        assert await host.store.get_session(child_uid(uid, execution_of(records), "two")) is None
+
+
+async def test_a_child_may_not_delegate_past_the_depth_limit(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("outer", prompt="delegate further", harness="delegator")]),
+        Reply.completion("", tool_calls=[task("inner", prompt="x", harness="worker")]),
+    )
+    uid, _ = await delegate(host)
+    records = await settled(host, uid)
+    child = child_uid(uid, execution_of(records), "outer")
+    child_records = await host.records(child)
+    assert output(child_records) == (
+        "error task refused: a child at depth 2 would pass the subagent depth limit 1 (--subagent-max-depth)"
+    )
+    assert output(records) == "ok " + output(child_records)
+    row = await host.store.get_session(child)
+    assert row is not None and row.labels["agentsessions.io/subagent-depth"] == "1"
+
+
+async def test_a_fork_child_starts_from_the_parent_before_the_delegating_turn(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("first turn"),
+        Reply.completion("", tool_calls=[task("f", prompt="think it over", fork=True)]),
+        Reply.completion("the fork's answer"),
+    )
+    uid = await host.create("delegator")
+    [u async for u in host.sessions.Exec(exec_request(uid, "hello"), timeout=30)]
+    before = (await host.store.head(uid)).seq
+    [u async for u in host.sessions.Exec(exec_request(uid, "now fork"), timeout=30)]
+    records = await host.wait_for(uid, lambda rs: len(ends(rs)) == 2, "the second turn's END")
+    assert output(records) == "ok the fork's answer"
+    second = of_kind(records, K.EVENT_EXECUTION_START)[1].event.execution_id
+    row = await host.store.get_session(child_uid(uid, second, "f"))
+    assert row is not None and row.parent_uid == uid and row.fork_seq == before
+
+
+async def test_cancel_of_a_waiting_parent_cascades_to_its_children(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("slow", prompt="hold me", harness="gated")]))
+    uid, updates = await delegate(host)
+    assert updates[-1].session.exec_state == session_pb2.EXEC_AWAITING
+    assert await host.harness.next_started() == "hold me"  # the child runs, held by the test
+    child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "slow")
+    # A person cannot decide the wait: only the child's end does.
+    ref = updates[-1].session.pending_approval
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await host.sessions.Approve(
+            session_pb2.ApproveRequest(
+                session=uid,
+                execution_id=ref.execution_id,
+                tool_call_id=ref.tool_call_id,
+                request_seq=ref.request_seq,
+                approved=True,
+            )
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"waits for subagent session {child}" in (refused.value.details() or "")
+
+    await host.sessions.Cancel(session_pb2.CancelRequest(session=uid, reason="stop"))
+    parent_end = ends(await host.records(uid))
+    assert [e.event.end.state for e in parent_end] == ["CANCELED"]
+    kid = await settled(host, child)
+    (end,) = ends(kid)
+    assert end.event.end.state == "CANCELED"
+    assert end.event.end.error.description == f"its parent session {uid} was cancelled"
+
+
+async def test_delete_of_a_parent_deletes_its_children(host: LiveHost, endpoint: ScriptedEndpoint) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("slow", prompt="hold me too", harness="gated")]))
+    uid, updates = await delegate(host)
+    assert await host.harness.next_started() == "hold me too"
+    child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "slow")
+    await host.sessions.DeleteSession(session_pb2.DeleteSessionRequest(uid=uid))
+    for gone in (uid, child):
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await host.sessions.GetSession(session_pb2.GetSessionRequest(uid=gone))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert [e.event.end.state for e in ends(await host.records(child))] == ["CANCELED"]
+
+
+async def test_a_child_that_does_not_settle_in_time_is_cancelled_and_the_call_gets_an_error(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("late", prompt="never released", harness="gated")]))
+    async with world(store, endpoint, settings(wait_timeout_s=0.5)) as host:
+        uid, updates = await delegate(host)
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "late")
+        records = await settled(host, uid)
+        (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+        assert result.event.result.is_error
+        assert result.event.result.error == (
+            f"subagent {child} did not settle within 0.5 s (--subagent-wait-timeout); it was cancelled"
+        )
+        kid = await settled(host, child)
+        assert ends(kid)[0].event.end.state == "CANCELED"
+
+
+async def test_the_links_are_served_over_grpc(host: LiveHost, endpoint: ScriptedEndpoint) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("a", prompt="alpha", harness="worker")]))
+    uid, _ = await delegate(host)
+    await settled(host, uid)
+    execution = execution_of(await host.records(uid))
+    server = aio.server()
+    subagents_pb2_grpc.add_SubagentsServicer_to_server(SubagentsServicer(host.controller), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await check_links(subagents_pb2_grpc.SubagentsStub(channel), uid, execution)
+    await server.stop(None)
+
+
+async def check_links(stub: subagents_pb2_grpc.SubagentsStub, uid: str, execution: str) -> None:
+    child = child_uid(uid, execution, "a")
+    parent_view = await stub.GetSubagents(subagents_pb2.GetSubagentsRequest(session=uid))
+    assert not parent_view.HasField("parent")
+    (link,) = parent_view.children
+    assert (link.parent, link.execution_id, link.tool_call_id, link.child, link.depth) == (
+        uid,
+        execution,
+        "a",
+        child,
+        1,
+    )
+    assert link.child_state == session_pb2.EXEC_COMPLETED
+    child_view = await stub.GetSubagents(subagents_pb2.GetSubagentsRequest(session=child))
+    assert child_view.parent == link and list(child_view.children) == []
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await stub.GetSubagents(subagents_pb2.GetSubagentsRequest(session=""))
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await stub.GetSubagents(subagents_pb2.GetSubagentsRequest(session="sess-none"))
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_child_that_ended_while_nothing_watched_its_parent_wakes_it_after_a_restart(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("c", prompt="finish alone", harness="gated")]),
+        Reply.completion("finished"),
+    )
+    async with world(store, endpoint, settings()) as first_host:
+        uid, updates = await delegate(first_host)
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
+        assert await first_host.harness.next_started() == "finish alone"
+        # This host stops looking at waiting parents (as a host does when it goes away), then the child
+        # finishes: its end is journaled, its parent is not decided.
+        assert first_host.controller.live is not None
+        await first_host.controller.live.subagents.close()
+        first_host.harness.open("finish alone")
+        await settled(first_host, child)
+        state = await first_host.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid))
+        assert state.exec_state == session_pb2.EXEC_AWAITING
+        assert of_kind(await first_host.records(uid), K.EVENT_APPROVAL_RESULT) == []
+    # The next host on the journal finds the child by its row and continues the parent by itself.
+    async with world(store, endpoint, settings()) as second_host:
+        records = await settled(second_host, uid)
+        assert output(records) == "ok finished"
+        assert len(of_kind(await second_host.records(child), K.EVENT_EXECUTION_START)) == 1
+
+
+class OwnCalls:
+    """A harness that makes task calls of its own (no model proposes them): one per line of its input."""
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return await Delegator().describe()
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        answers = []
+        for i, prompt in enumerate(start.last_input_text().splitlines()):
+            args = struct_pb2.Struct()
+            args.update({"prompt": prompt, "harness": "worker"})
+            result = await sink.tool_call(
+                common_pb2.ToolCall(
+                    id=f"own-{i}",
+                    tool="task",
+                    args=args,
+                    mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL,
+                    idempotency_key=f"{start.execution_id}/own-{i}",
+                )
+            )
+            answers.append("".join(p.text.text for p in result.content))
+        await sink.output(" | ".join(answers))
+
+
+async def test_task_calls_nobody_proposed_run_one_after_the_other(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    model = OpenAIModel("scripted", base_url=endpoint.base_url)
+    local: dict[str, Harness] = {"own": OwnCalls(), "worker": Worker()}
+    async with live_host(store, settings=settings(), model=model, local=local) as host:
+        uid = await host.create("own")
+        [u async for u in host.sessions.Exec(exec_request(uid, "first\nsecond"), timeout=30)]
+        records = await settled(host, uid)
+        assert output(records) == "done first | done second"
+        execution = execution_of(records)
+        first = await host.records(child_uid(uid, execution, "own-0"))
+        second = await host.records(child_uid(uid, execution, "own-1"))
+        # The second child was started only once the first call had its receipt.
+        (receipt,) = [r for r in of_kind(records, K.EVENT_TOOL_RESULT) if r.event.result.id == "own-0"]
+        (second_call,) = [r for r in of_kind(records, K.EVENT_TOOL_CALL) if r.event.tool.id == "own-1"]
+        assert receipt.seq < second_call.seq
+        assert (
+            len(of_kind(first, K.EVENT_EXECUTION_START)) == len(of_kind(second, K.EVENT_EXECUTION_START)) == 1
+        )
+
+
+async def test_a_deleted_child_answers_its_call_with_an_error(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(Reply.completion("", tool_calls=[task("doomed", prompt="hold me", harness="gated")]))
+    uid, updates = await delegate(host)
+    assert await host.harness.next_started() == "hold me"
+    child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "doomed")
+    await host.sessions.DeleteSession(session_pb2.DeleteSessionRequest(uid=child))
+    records = await settled(host, uid)
+    (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+    # The delete cancels the child's turn before it drops the row: the parent hears of whichever came
+    # first, the cancelled turn or the deleted session.
+    assert result.event.result.error in (
+        f"subagent {child} was deleted",
+        f"subagent {child} ended CANCELED: session deleted",
+    )
