@@ -46,6 +46,7 @@ from agentsessions.sdk.errors import (
 from agentsessions.sdk.execution import tool_result_of
 from agentsessions.sdk.harness import Harness, Start, message_text, require_harness
 from agentsessions.sdk.inputhash import model_input_hash
+from agentsessions.sdk.recorded import recorded_completion
 from agentsessions.sdk.types import Message, ModelCall, ModelResult, Part, TextPart, ToolCall, ToolResult
 from agentsessions.v1 import common_pb2, harness_pb2
 
@@ -598,11 +599,8 @@ class ScriptedSink:
                     raise self._diverge(f"model call {self._model_index} differs from the live one: {detail}")
                 if effect.reply is not None:
                     self.cursor += 1
-                    served = harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
-                    self._last_usage = None
-                    if effect.usage is not None:
-                        served.usage.CopyFrom(effect.usage.usage)
-                        self._last_usage = served.usage
+                    served = recorded_completion(effect.reply, effect.usage, call.id)
+                    self._last_usage = None if effect.usage is None else served.usage
                     return served
                 if self.cursor != len(self.effects) - 1 or not self.live:
                     raise self._diverge("recorded completion missing")
