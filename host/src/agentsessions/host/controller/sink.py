@@ -41,6 +41,7 @@ from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
+from agentsessions.sdk.recorded import recorded_completion
 from agentsessions.v1 import common_pb2, harness_pb2
 
 log = logging.getLogger(__name__)
@@ -173,11 +174,8 @@ class ExecutionSink:
                     raise self._diverge(_input_mismatch(self._model_calls, recorded, call))
                 if effect.reply is not None:
                     self._cursor += 1
-                    served = harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
-                    self._last_usage = None
-                    if effect.usage is not None:
-                        served.usage.CopyFrom(effect.usage.usage)
-                        self._last_usage = served.usage
+                    served = recorded_completion(effect.reply, effect.usage, call.id)
+                    self._last_usage = None if effect.usage is None else served.usage
                     return served
                 if self._cursor != len(self._recorded) - 1 or not self._live or not self._redrive_model:
                     raise self._diverge("recorded completion missing")
