@@ -122,6 +122,12 @@ def tokens_file(tmp_path: Path) -> str:
     return str(path)
 
 
+def refusal(answer: httpx.Response) -> tuple[int, str, str]:
+    """An HTTP API error answer: (HTTP status, gRPC code name, message)."""
+    body = answer.json()["error"]
+    return answer.status_code, body["code"], body["message"]
+
+
 def user_input(text: str) -> dict[str, Any]:
     return {"role": "user", "parts": [{"text": {"text": text}}]}
 
