@@ -100,18 +100,23 @@ async def finish_and_verify(world: CrashScenario) -> None:
     assert verified.stdout.startswith("ok: 1 sessions"), verified.stdout
 
 
+async def host_killed_at(scenario: CrashScenario, cut: str) -> tuple[str, list[common_pb2.LogRecord]]:
+    """Kill -9 the host once the turn reaches ``cut``: the turn's Exec answers UNAVAILABLE. Returns
+    the session and the records the client had seen."""
+    turn = scenario.exec_turn(cut)
+    await scenario.wait_for_cut(turn, cut)
+    seen = list(turn.records)
+    await scenario.host.kill()
+    assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+    return turn.session, seen
+
+
 @pytest.mark.parametrize("cut", CUT_POINTS)
 class TestKillHost:
     """kill -9 of the host at each cut point; a new host on the same journal resumes the turn."""
 
     async def test_resume_completes_without_duplicates(self, scenario: CrashScenario, cut: str) -> None:
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        seen = list(turn.records)
-
-        await scenario.host.kill()
-        assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+        uid, seen = await host_killed_at(scenario, cut)
         await verify_chain(scenario, uid, seen)  # what the crash left verifies
         scenario.release()
         await scenario.host.start()
@@ -197,12 +202,7 @@ class TestRepeatedCrashDuringRecovery:
 
     @pytest.mark.parametrize("cut", ["during_model_call", "during_tool_call"])
     async def test_third_host_completes_the_turn(self, scenario: CrashScenario, cut: str) -> None:
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        seen = list(turn.records)
-        await scenario.host.kill()
-        assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+        uid, seen = await host_killed_at(scenario, cut)
 
         # Second incarnation: not released, so the re-driven call stops at the same place.
         if cut == "during_model_call":

@@ -11,8 +11,6 @@ the interrupted session is refused, naming Resume, instead of leaving the execut
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from tests.chaos.scenario import (
     CrashScenario,
     kind_names,
     of_kind,
+    started,
     wait_until,
 )
 from tests.support import crash_harness
@@ -54,14 +53,8 @@ class LiveCrashScenario(CrashScenario):
 async def live_scenario(
     tmp_path: Path, model_endpoint: ChatCompletionsServer
 ) -> AsyncIterator[CrashScenario]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="asc-", dir="/tmp"))
-    world = LiveCrashScenario(tmp_path, socket_dir, model_endpoint)
-    try:
-        await world.start()
+    async with started(LiveCrashScenario, tmp_path, model_endpoint) as world:
         yield world
-    finally:
-        await world.close()
-        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def is_end(record: common_pb2.LogRecord) -> bool:
