@@ -33,10 +33,15 @@ class RawHarnessServicer(harness_pb2_grpc.HarnessServicer):
 
 
 @contextlib.asynccontextmanager
-async def serve_harness(servicer: harness_pb2_grpc.HarnessServicer) -> AsyncIterator[str]:
-    """Serve ``servicer`` on a loopback port; yields its address."""
+async def serve_harness(
+    servicer: harness_pb2_grpc.HarnessServicer | None = None, handler: grpc.GenericRpcHandler | None = None
+) -> AsyncIterator[str]:
+    """Serve ``servicer`` (or a generic ``handler``) on a loopback port; yields its address."""
     server = aio.server()
-    harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
+    if servicer is not None:
+        harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
+    if handler is not None:
+        server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -131,11 +136,5 @@ def start_ids(start: bytes) -> tuple[str, str]:
 @contextlib.asynccontextmanager
 async def wire_harness(harness: WireHarness) -> AsyncIterator[str]:
     """Serve ``harness`` on a loopback port; yields its address."""
-    server = aio.server()
-    server.add_generic_rpc_handlers((harness.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    async with serve_harness(handler=harness.handler()) as address:
+        yield address
