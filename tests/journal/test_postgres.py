@@ -27,6 +27,7 @@ from agentsessions.host.journal.store import (
     TamperedError,
 )
 from agentsessions.v1 import common_pb2
+from tests.journal.journals import parked_turn
 from tests.journal.pg import pg_server, pg_url
 
 __all__ = ["pg_server", "pg_url"]
@@ -589,23 +590,9 @@ async def test_close_commits_every_append_already_queued(pg_url: str) -> None:
 async def test_a_version_2_journal_gets_each_sessions_execution_state(pg_url: str) -> None:
     """Migration 3 folds every existing session's journal into its row once."""
     store = await PostgresStore.open(pg_url)
-    call = common_pb2.ToolCall(id="t1", tool="rm", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL)
     try:
         await store.create_session(SessionRow(uid="parked", project="p"))
-        await store.append(
-            "parked",
-            [
-                common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="x"),
-                common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, execution_id="x", tool=call),
-                common_pb2.Event(
-                    kind=common_pb2.EVENT_APPROVAL_REQUEST,
-                    execution_id="x",
-                    approval=common_pb2.ApprovalRequest(tool_call_id="t1"),
-                ),
-            ],
-            expected_head=0,
-            fence=0,
-        )
+        await store.append("parked", parked_turn(), expected_head=0, fence=0)
         await store.fork("parked", 2, [SessionRow(uid="kid", project="p")], fork_marker(2))
         await store.create_session(SessionRow(uid="empty", project="p"))
         before = {uid: await store.get_session(uid) for uid in ("parked", "kid", "empty")}
