@@ -21,7 +21,7 @@ from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import StampTool, config, journal, kinds, new_session, say
 from tests.approvals.harnesses import BlockingHarness, ToolHarness
-from tests.approvals.raw_peer import Conversation, raw_peer
+from tests.approvals.raw_peer import Conversation, output_event, raw_peer
 from tests.lifecycle.streams import BackgroundExec
 from tests.support.host import HostUnderTest, running_host
 from tests.support.processes import HarnessProcess
@@ -146,14 +146,7 @@ async def test_deleting_a_running_in_process_turn_cancels_it_first(store: Journa
 
 async def test_deleting_a_running_remote_turn_tells_the_harness(store: JournalStore) -> None:
     async def script(conversation: Conversation) -> None:
-        conversation.send(
-            common_pb2.Event(
-                kind=K.EVENT_OUTPUT,
-                message=common_pb2.Message(
-                    role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text="working"))]
-                ),
-            )
-        )
+        conversation.send(output_event("working"))
         await conversation.recv()
         conversation.send(common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="CANCELED")))
 
