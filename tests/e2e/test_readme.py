@@ -16,18 +16,9 @@ from agentsessions.client import SessionsClient
 from agentsessions.v1 import common_pb2
 from tests.support.host_process import HostProcess
 from tests.support.processes import BIN, harness_process
+from tests.support.readme import ROOT, readme_block
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def quickstart_script() -> str:
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(
-        r"<!-- quickstart:begin.*?-->\s*```sh\n(.*?)```\s*<!-- quickstart:end -->", readme, re.S
-    )
-    assert block, "README lost its quickstart block"
-    return block.group(1)
 
 
 @pytest.fixture
@@ -68,21 +59,11 @@ def run_against(host: str, script: str) -> str:
 
 
 def test_quickstart_runs_against_a_live_host(host: str) -> None:
-    out = run_against(host, quickstart_script())
+    out = run_against(host, readme_block("quickstart", "sh"))
     assert '"text": "echo:hi"' in out and '"text": "echo:bye"' in out
     assert out.count('"kind": "EVENT_END"') >= 4  # two Exec streams + Replay of both turns
     assert '"name": "left"' in out and '"name": "right"' in out
     assert '"computeState": "COMPUTE_COLD"' in out or '"compute_state": "COMPUTE_COLD"' in out
-
-
-def readme_block(name: str, language: str) -> str:
-    """The fenced block between ``<!-- NAME:begin ... -->`` and ``<!-- NAME:end -->``."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(
-        rf"<!-- {name}:begin.*?-->\s*```{language}\n(.*?)```\s*<!-- {name}:end -->", readme, re.S
-    )
-    assert block, f"README lost its {name} block"
-    return block.group(1)
 
 
 def test_the_python_client_block_runs_as_written(host: str, tmp_path: Path) -> None:
