@@ -19,7 +19,10 @@ from hypothesis import HealthCheck, settings
 
 from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
+from tests.support.processes import HarnessProcess, harness_process, serve_argv
 from tests.support.scripted_endpoint import ScriptedEndpoint, scripted_endpoint
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Property tests assert behaviour, never speed: no per-example deadline and no "too slow" health
 # check (both trip on a loaded machine), and no example database, so a run depends on nothing a
@@ -84,3 +87,11 @@ def endpoint() -> Iterator[ScriptedEndpoint]:
     """A scripted chat-completions endpoint on loopback, its script empty (``endpoint.script``)."""
     with scripted_endpoint() as served:
         yield served
+
+
+@pytest.fixture
+async def tooler_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HarnessProcess]:
+    """ToolHarness (tests.approvals.harnesses) in its own process, the repo root on its PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    async with harness_process(serve_argv("tests.approvals.harnesses:ToolHarness")) as proc:
+        yield proc
