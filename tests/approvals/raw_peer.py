@@ -80,13 +80,6 @@ async def raw_peer(script: Script, harness_id: str = "raw") -> AsyncIterator[tup
         yield address, servicer
 
 
-def output_event(text: str) -> common_pb2.Event:
-    part = common_pb2.Part(text=common_pb2.TextPart(text=text))
-    return common_pb2.Event(
-        kind=common_pb2.EVENT_OUTPUT, message=common_pb2.Message(role="assistant", parts=[part])
-    )
-
-
 def tool_call_event(call: common_pb2.ToolCall) -> common_pb2.Event:
     return common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, tool=call)
 

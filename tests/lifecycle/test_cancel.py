@@ -17,9 +17,9 @@ from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import StampTool, approve, get, journal, kinds, new_session, records, resume, say
 from tests.approvals.harnesses import BlockingHarness
-from tests.approvals.raw_peer import Conversation, output_event, raw_peer
+from tests.approvals.raw_peer import Conversation, raw_peer
 from tests.lifecycle.streams import BackgroundExec
-from tests.support.host import HostUnderTest, running_host
+from tests.support.host import HostUnderTest, running_host, text_output
 from tests.support.processes import HarnessProcess
 
 K = common_pb2.EventKind
@@ -88,7 +88,7 @@ async def test_cancel_a_running_turn_of_a_harness_process(
 
 async def test_the_cancel_frame_on_the_wire(store: JournalStore) -> None:
     async def script(conversation: Conversation) -> None:
-        conversation.send(output_event("working"))
+        conversation.send(text_output("working"))
         frame = await conversation.recv()
         reason = frame.cancel.reason if frame is not None else ""
         conversation.send(
