@@ -196,16 +196,20 @@ async def test_a_keyed_exec_retried_across_the_crash_streams_the_recovered_execu
     assert len(world.model.requests) == MODEL_CALLS
 
 
-async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
-    scenario: CrashScenario,
-) -> None:
-    cut = "after_model_call"
+async def interrupted_at(scenario: CrashScenario, cut: str) -> str:
+    """A session whose turn a host kill cut at ``cut``, on the host started again; its uid."""
     turn = scenario.exec_turn(cut)
     await scenario.wait_for_cut(turn, cut)
-    uid = turn.session
     await scenario.host.kill()
     scenario.release()
     await scenario.host.start()
+    return turn.session
+
+
+async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
+    scenario: CrashScenario,
+) -> None:
+    uid = await interrupted_at(scenario, "after_model_call")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         _ = [u async for u in scenario.host.sessions.Exec(crash_request(scenario, "", uid))]
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -220,13 +224,7 @@ async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
 
 async def test_a_session_suspended_with_an_interrupted_turn_stays_suspended(scenario: CrashScenario) -> None:
     """Recovery leaves a session that was suspended on purpose alone; Resume completes its turn."""
-    cut = "after_usage"
-    turn = scenario.exec_turn(cut)
-    await scenario.wait_for_cut(turn, cut)
-    uid = turn.session
-    await scenario.host.kill()
-    scenario.release()
-    await scenario.host.start()  # recovery off: nothing happens by itself
+    uid = await interrupted_at(scenario, "after_usage")  # recovery off: nothing happens by itself
     await scenario.host.sessions.Suspend(session_pb2.SuspendRequest(session=uid), timeout=WAIT_LIMIT_S)
     suspended = await scenario.records(uid)
     assert suspended[-1].event.lifecycle.kind == LK.LIFECYCLE_SUSPEND
