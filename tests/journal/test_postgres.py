@@ -519,27 +519,35 @@ async def test_tampering_a_shared_prefix_is_caught_in_every_child(store: Postgre
 # -- schema upgrades -------------------------------------------------------------------------
 
 
-async def downgrade_to_version_2(url: str) -> None:
-    """Turn a fresh journal into what migrations 1 and 2 created."""
+async def execute_all(url: str, *statements: str) -> None:
+    """Run ``statements`` in order on a connection of their own."""
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute("DROP TABLE journal_probe")
-        await conn.execute("ALTER TABLE sessions DROP COLUMN exec_projection")
-        await conn.execute("DELETE FROM schema_migrations WHERE version > 2")
+        for statement in statements:
+            await conn.execute(statement)
     finally:
         await conn.close()
+
+
+async def downgrade_to_version_2(url: str) -> None:
+    """Turn a fresh journal into what migrations 1 and 2 created."""
+    await execute_all(
+        url,
+        "DROP TABLE journal_probe",
+        "ALTER TABLE sessions DROP COLUMN exec_projection",
+        "DELETE FROM schema_migrations WHERE version > 2",
+    )
 
 
 async def downgrade_to_version_1(url: str) -> None:
     """Turn a fresh journal into what migration 1 alone created."""
     await downgrade_to_version_2(url)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("DROP INDEX sessions_base")
-        await conn.execute("ALTER TABLE sessions DROP COLUMN base_uid, DROP COLUMN base_seq")
-        await conn.execute("DELETE FROM schema_migrations WHERE version > 1")
-    finally:
-        await conn.close()
+    await execute_all(
+        url,
+        "DROP INDEX sessions_base",
+        "ALTER TABLE sessions DROP COLUMN base_uid, DROP COLUMN base_seq",
+        "DELETE FROM schema_migrations WHERE version > 1",
+    )
 
 
 async def test_a_version_1_journal_is_upgraded_in_place(pg_url: str) -> None:
