@@ -27,6 +27,7 @@ from agentsessions.sdk import (
 )
 from agentsessions.sdk.server import HarnessServicer, start_server
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+from tests.sdk.receipts import decided_receipts
 
 SESSION = "sess-1"
 EXECUTION = "0123456789abcdef"
@@ -511,15 +512,7 @@ def receipt(
     return harness_pb2.ControllerFrame(tool=result)
 
 
-@pytest.mark.parametrize(
-    ("approved", "code", "is_error"),
-    [
-        (True, Code.CODE_UNSPECIFIED, False),
-        (True, Code.EXECUTOR_ERROR, True),
-        (False, Code.APPROVAL_DENIED, True),
-    ],
-    ids=["success", "executor-error", "denied"],
-)
+@decided_receipts
 async def test_decided_approval_is_served_as_a_receipt(
     approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
 ) -> None:
