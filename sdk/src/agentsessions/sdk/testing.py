@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.sdk import convert
-from agentsessions.sdk.approval import DENIED_MESSAGE, host_owned_receipt_field
+from agentsessions.sdk.approval import denied_receipt, host_owned_receipt_field
 from agentsessions.sdk.errors import (
     ApprovalParkedError,
     ExecutionCancelledError,
@@ -662,28 +662,17 @@ class ScriptedSink:
             effect.approval_request = (self._record(request), request)
         request_seq = effect.approval_request[0]
         if effect.approval_result is None:
-            self.parked = ApprovalParkedError(
-                common_pb2.ApprovalRef(
-                    execution_id=self.execution_id, tool_call_id=call.id, request_seq=request_seq
-                )
-            )
+            self.parked = ApprovalParkedError.at(self.execution_id, call.id, request_seq)
             raise self.parked
         decision_seq, decision_event = effect.approval_result
-        decision = decision_event.approval_result
-        self._decisions[call.id] = decision
-        if decision.approved:
+        self._decisions[call.id] = decision_event.approval_result
+        if decision_event.approval_result.approved:
             result = await self.env._run_host_tool(call)
             result.code = K.ToolResult.EXECUTOR_ERROR if result.is_error else K.ToolResult.CODE_UNSPECIFIED
+            result.approval_request_seq = request_seq
+            result.approval_decision_seq = decision_seq
         else:
-            result = common_pb2.ToolResult(
-                id=call.id,
-                is_error=True,
-                code=K.ToolResult.APPROVAL_DENIED,
-                error=DENIED_MESSAGE,
-                content=[common_pb2.Part(text=common_pb2.TextPart(text=DENIED_MESSAGE))],
-            )
-        result.approval_request_seq = request_seq
-        result.approval_decision_seq = decision_seq
+            result = denied_receipt(call.id, request_seq, decision_seq)
         self._record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
         return result
 
