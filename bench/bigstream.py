@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +28,7 @@ import grpc
 
 from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
+from bench import resultfile
 from bench.turns import fleet
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -173,17 +171,12 @@ def run(*, quick: bool, sizes: Sizes | None = None, out: Path = RESULTS) -> int:
         "suite": "bigstream",
         "quick": quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": resultfile.machine(),
         "sizes": sizes.__dict__,
         "phases": summary,
         "small_p99_beside_over_alone": ratio,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     with contextlib.suppress(ValueError):
         print(f"wrote {out.relative_to(ROOT)}")
     return 0

@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,7 +38,8 @@ import grpc
 from grpc import aio
 
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
-from bench.turns import BIN, ROOT
+from bench import resultfile
+from bench.turns import BIN, ROOT, free_port, verify_journal
 
 RESULTS: Final = ROOT / "bench" / "results" / "chaos.json"
 START_TIMEOUT_S: Final = 60.0
@@ -57,12 +54,6 @@ RETRYABLE: Final = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
 )
 K: Final = common_pb2.EventKind
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Host:
@@ -225,7 +216,7 @@ def _seed_run(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     workdir = tmp / f"seed-{seed}"
     workdir.mkdir()
     journal = workdir / "journal.db"
-    host = Host(journal, f"127.0.0.1:{_free_port()}", workdir, args.host_arg)
+    host = Host(journal, f"127.0.0.1:{free_port()}", workdir, args.host_arg)
     host.start()
     try:
         clients = asyncio.run(_create(host.address, args.sessions))
@@ -247,13 +238,7 @@ def _seed_run(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     finally:
         host.stop()
     counts = asyncio.run(_journal_counts(journal, clients))
-    verified = subprocess.run(
-        [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(journal)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    verified = verify_journal(journal)
     refused: Counter[str] = Counter()
     for c in clients:
         refused.update(c.refused)
@@ -314,19 +299,14 @@ def run(argv: Sequence[str] = ()) -> int:
     document = {
         "benchmark": "chaos",
         "when_unix": int(time.time()),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": resultfile.machine(),
         "quick": args.quick,
         "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": runs,
         "totals": totals,
         "met": met,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    resultfile.write(args.out, document, sort_keys=False)
     return 0 if met else 1
 
 

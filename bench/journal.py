@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import secrets
 import sqlite3
 import tempfile
@@ -42,6 +41,7 @@ from agentsessions.host.journal.postgres import PostgresStore, redact_url
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.v1 import common_pb2
+from bench import resultfile
 
 RESULTS: Final = Path(__file__).resolve().parent / "results" / "journal.json"
 PG_URL_ENVS: Final = ("AGENTSESSIONS_BENCH_PG_URL", "AGENTSESSIONS_TEST_PG_URL")
@@ -485,18 +485,24 @@ def sqlite_backend(workdir: Path) -> Backend:
     return Backend("sqlite", open_, cleanup, raw_sqlite(workdir, "sqlite"))
 
 
-@contextlib.asynccontextmanager
-async def scratch_postgres(admin_url: str) -> AsyncIterator[str]:
-    """A scratch database on the server, dropped afterwards; yields its URL."""
-    name = "agentsessions_bench_" + secrets.token_hex(6)
+async def create_scratch_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` on the server of ``admin_url``; returns its URL."""
     conn = await asyncpg.connect(admin_url, timeout=30)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
     parts = urllib.parse.urlsplit(admin_url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+
+
+@contextlib.asynccontextmanager
+async def scratch_postgres(admin_url: str) -> AsyncIterator[str]:
+    """A scratch database on the server, dropped afterwards; yields its URL."""
+    name = "agentsessions_bench_" + secrets.token_hex(6)
+    url = await create_scratch_database(admin_url, name)
     try:
-        yield urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+        yield url
     finally:
         conn = await asyncpg.connect(admin_url, timeout=30)
         try:
@@ -683,12 +689,7 @@ def run(*, quick: bool, backends: list[str], out: Path = RESULTS) -> int:
     document = {
         "benchmark": "journal",
         "when_unix": int(time.time()),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "sqlite": sqlite3.sqlite_version,
-        },
+        "machine": resultfile.machine(sqlite=sqlite3.sqlite_version),
         "quick": quick,
         "sizes": dataclasses.asdict(report.sizes),
         "baselines": report.baselines,
@@ -698,7 +699,6 @@ def run(*, quick: bool, backends: list[str], out: Path = RESULTS) -> int:
         "skipped": report.skipped,
         "postgres_server": report.postgres_server,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     print(f"\nwrote {out}")
     return 0

@@ -27,9 +27,7 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +41,8 @@ import grpc
 from grpc import aio
 
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
-from bench.turns import BIN, ROOT, Fleet, fleet
+from bench import resultfile
+from bench.turns import ROOT, Fleet, fleet, verify_journal
 
 RESULTS: Final = ROOT / "bench" / "results" / "load.json"
 GOAL_READER_SLOWDOWN: Final = 0.20
@@ -239,13 +238,7 @@ async def _drive(
 
 def _check_journal(journal: Path) -> dict[str, Any]:
     """Offline: the chain verifies, and every execution in the journal has its END."""
-    verified = subprocess.run(
-        [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(journal)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    verified = verify_journal(journal)
     incomplete = asyncio.run(_incomplete_executions(journal))
     return {
         "verify_exit": verified.returncode,
@@ -476,19 +469,14 @@ def run(argv: Sequence[str] = ()) -> int:
     document = {
         "benchmark": "load",
         "when_unix": int(time.time()),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": resultfile.machine(),
         "quick": args.quick,
         "arguments": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
         "turns_only": alone,
         "turns_and_readers": mixed,
         "goals": goals,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    resultfile.write(args.out, document, sort_keys=False)
     return 0 if all(goal["met"] for goal in goals.values()) else 1
 
 

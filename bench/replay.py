@@ -9,9 +9,6 @@ recorded effects costs on top of that.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -27,6 +24,7 @@ from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.sdk.harness import text_message
+from bench import resultfile
 
 RESULTS: Final = Path(__file__).resolve().parent / "results" / "replay.json"
 GOAL_REPLAY_S: Final = 0.5
@@ -107,18 +105,13 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
     document = {
         "benchmark": "replay",
         "when_unix": int(time.time()),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": resultfile.machine(),
         "quick": quick,
         "turns": turns,
         "results": m,
         "ratio_replay_to_read": ratio,
         "goal": {"replay_s_below": GOAL_REPLAY_S, "model_calls": 0, "met": met},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     print(f"wrote {out}")
     return 0

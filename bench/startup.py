@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,17 +26,14 @@ from typing import Final
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import resultfile
+from bench.turns import free_port
+
 ROOT: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = ROOT / "bench" / "results" / "startup.json"
 GOAL_RATIO: Final = 2.0
 START_TIMEOUT_S: Final = 60.0
 POLL_S: Final = 0.002
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(pycache: Path) -> dict[str, str]:
@@ -113,12 +107,12 @@ def measure(rounds: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="agentsessions-bench-startup-") as tmp:
         workdir = Path(tmp)
         for argv in (_bare_argv, lambda a: _host_argv(a, workdir)):
-            address = f"127.0.0.1:{_free_port()}"
+            address = f"127.0.0.1:{free_port()}"
             time_to_serving(argv(address), address, workdir)  # untimed: compiles every module once
         for _ in range(rounds):
-            address = f"127.0.0.1:{_free_port()}"
+            address = f"127.0.0.1:{free_port()}"
             times["bare"].append(time_to_serving(_bare_argv(address), address, workdir))
-            address = f"127.0.0.1:{_free_port()}"
+            address = f"127.0.0.1:{free_port()}"
             times["host"].append(time_to_serving(_host_argv(address, workdir), address, workdir))
     return times
 
@@ -147,11 +141,7 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
         "suite": "startup",
         "quick": quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": resultfile.machine(),
         "rounds": rounds,
         "startup_s": times,
         "median_s": {"bare": bare, "host": host},
@@ -164,8 +154,7 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
             }
         ],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import selectors
 import shutil
 import signal
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import grpc
+
+from bench import resultfile
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = ROOT / "bench" / "results" / "turns.json"
@@ -99,10 +100,22 @@ FLAT_WINDOW: Final = 5
 # -- processes -----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port free right now (for a process the suite starts)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def verify_journal(journal: Path) -> subprocess.CompletedProcess[str]:
+    """``agentsessions journal verify`` on a journal file, offline (its output captured)."""
+    return subprocess.run(
+        [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(journal)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def _env() -> dict[str, str]:
@@ -149,7 +162,7 @@ class Fleet:
 
     def host(self, name: str, journal: str, harnesses: dict[str, str]) -> str:
         """Start ``agentsessions serve`` and wait until it accepts calls; returns its address."""
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         argv = [str(BIN / "agentsessions"), "serve", "--listen", address, "--journal", journal]
         for harness, target in harnesses.items():
             argv += ["--harness", f"{harness}={target}"]
@@ -599,11 +612,7 @@ def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
         "suite": "turns",
         "quick": quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": resultfile.machine(),
         "sizes": report.sizes.__dict__,
         "turns_per_s": report.throughput,
         "cpu_ms_per_turn": report.cpu_ms_per_turn,
@@ -613,8 +622,7 @@ def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
         "langgraph_turns_per_s": report.langgraph,
         **derived,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 

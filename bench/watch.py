@@ -28,13 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +46,8 @@ from grpc import aio
 
 from agentsessions.ext.v1 import live_pb2, live_pb2_grpc
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
+from bench import resultfile
+from bench.turns import free_port
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = ROOT / "bench" / "results" / "watch.json"
@@ -61,17 +60,11 @@ STREAMS_PER_CHANNEL: Final = 25
 K: Final = common_pb2.EventKind
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Host:
     """``agentsessions serve`` on a journal, on a fixed loopback port."""
 
     def __init__(self, journal: str, workdir: Path, name: str) -> None:
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self.journal = journal
         self.log = workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -326,18 +319,9 @@ def postgres(workdir: Path) -> Iterator[str | None]:
 
 
 async def _scratch(admin_url: str) -> str:
-    import urllib.parse
+    from bench.journal import create_scratch_database  # not at the top: watcher processes import this module
 
-    import asyncpg
-
-    name = "agentsessions_bench_watch_" + os.urandom(6).hex()
-    conn = await asyncpg.connect(admin_url, timeout=30)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    parts = urllib.parse.urlsplit(admin_url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, ""))
+    return await create_scratch_database(admin_url, "agentsessions_bench_watch_" + os.urandom(6).hex())
 
 
 def cross_replica(url: str, workdir: Path, turns: int) -> dict[str, Any]:
@@ -416,11 +400,7 @@ def run(argv: Sequence[str] = ()) -> int:
     report: dict[str, Any] = {
         "benchmark": "watch",
         "when_unix": int(time.time()),
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": resultfile.machine(),
         "quick": args.quick,
     }
     with tempfile.TemporaryDirectory(prefix="agentsessions-bench-watch-") as tmp:
@@ -436,8 +416,7 @@ def run(argv: Sequence[str] = ()) -> int:
             else:
                 report["cross_replica"] = cross_replica(url, workdir, args.turns)
     _print(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    resultfile.write(args.out, report, sort_keys=False)
     return 0
 
 

@@ -9,7 +9,7 @@ loopback port and hand out an aio channel and stub.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,10 @@ from hypothesis import HealthCheck, settings
 
 from agentsessions.host.journal import open_store
 from agentsessions.host.journal.store import JournalStore
+from tests.support.processes import HarnessProcess, harness_process, serve_argv
+from tests.support.scripted_endpoint import ScriptedEndpoint, scripted_endpoint
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Property tests assert behaviour, never speed: no per-example deadline and no "too slow" health
 # check (both trip on a loaded machine), and no example database, so a run depends on nothing a
@@ -76,3 +80,18 @@ async def store(journal_path: str) -> AsyncIterator[JournalStore]:
     s = await open_store(journal_path)
     yield s
     await s.close()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[ScriptedEndpoint]:
+    """A scripted chat-completions endpoint on loopback, its script empty (``endpoint.script``)."""
+    with scripted_endpoint() as served:
+        yield served
+
+
+@pytest.fixture
+async def tooler_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HarnessProcess]:
+    """ToolHarness (tests.approvals.harnesses) in its own process, the repo root on its PYTHONPATH."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    async with harness_process(serve_argv("tests.approvals.harnesses:ToolHarness")) as proc:
+        yield proc

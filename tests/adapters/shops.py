@@ -9,7 +9,7 @@ first), and ``refund`` (the framework's approval primitive; run by the host once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,45 @@ async def _slow(effects: list[str], text: str) -> str:
     return f"slow noted {text}"
 
 
+@dataclass(frozen=True)
+class _Tools:
+    """The shop's tools as plain functions, for each framework to register with its own decorator
+    (name, docstring and annotations make the tool's definition)."""
+
+    lookup_order: Callable[[str], dict[str, Any]]
+    slow_note: Callable[[str], Awaitable[str]]
+    fast_note: Callable[[str], Awaitable[str]]
+    hold: Callable[[], Awaitable[str]]
+    refund: Callable[[str, int], dict[str, Any]]
+
+
+def _tools(shop: Shop) -> _Tools:
+    effects = shop.effects
+
+    def lookup_order(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        raise AssertionError("the host runs lookup_order")
+
+    async def slow_note(text: str) -> str:
+        """Write a note, slowly."""
+        return await _slow(effects, text)
+
+    async def fast_note(text: str) -> str:
+        """Write a note."""
+        effects.append(text)
+        return f"noted {text}"
+
+    async def hold() -> str:
+        """Wait."""
+        return await _hold(shop)
+
+    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("the host runs refund once approved")
+
+    return _Tools(lookup_order, slow_note, fast_note, hold, refund)
+
+
 def _pydantic_ai(stream: bool, temperature: float | None) -> Shop:
     from pydantic_ai import Agent
     from pydantic_ai.settings import ModelSettings
@@ -73,36 +112,14 @@ def _pydantic_ai(stream: bool, temperature: float | None) -> Shop:
     from agentsessions.sdk.adapters.pydantic_ai import wrap
 
     shop = Shop()
-    effects = shop.effects
+    t = _tools(shop)
     settings = ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else None
     agent = Agent(instructions="Help the customer.", model_settings=settings)
-
-    @agent.tool_plain
-    async def hold() -> str:
-        """Wait."""
-        return await _hold(shop)
-
-    @agent.tool_plain
-    def lookup_order(order_id: str) -> dict[str, Any]:
-        """Look an order up."""
-        raise AssertionError("the host runs lookup_order")
-
-    @agent.tool_plain
-    async def slow_note(text: str) -> str:
-        """Write a note, slowly."""
-        return await _slow(effects, text)
-
-    @agent.tool_plain
-    async def fast_note(text: str) -> str:
-        """Write a note."""
-        effects.append(text)
-        return f"noted {text}"
-
-    @agent.tool_plain(requires_approval=True)
-    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
-        """Refund an order."""
-        raise AssertionError("the host runs refund once approved")
-
+    agent.tool_plain(t.hold)
+    agent.tool_plain(t.lookup_order)
+    agent.tool_plain(t.slow_note)
+    agent.tool_plain(t.fast_note)
+    agent.tool_plain(requires_approval=True)(t.refund)
     shop.harness = wrap(
         agent,
         id="t-pydantic-ai",
@@ -120,41 +137,20 @@ def _openai_agents(stream: bool, temperature: float | None) -> Shop:
     from agentsessions.sdk.adapters.openai_agents import wrap
 
     shop = Shop()
-    effects = shop.effects
-
-    @function_tool
-    def lookup_order(order_id: str) -> dict[str, Any]:
-        """Look an order up."""
-        raise AssertionError("the host runs lookup_order")
-
-    @function_tool
-    async def slow_note(text: str) -> str:
-        """Write a note, slowly."""
-        return await _slow(effects, text)
-
-    @function_tool
-    async def fast_note(text: str) -> str:
-        """Write a note."""
-        effects.append(text)
-        return f"noted {text}"
-
-    @function_tool
-    async def hold() -> str:
-        """Wait."""
-        return await _hold(shop)
-
-    @function_tool(needs_approval=True)
-    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
-        """Refund an order."""
-        raise AssertionError("the host runs refund once approved")
-
+    t = _tools(shop)
     settings = (
         ModelSettings(temperature=temperature, max_tokens=64) if temperature is not None else ModelSettings()
     )
     agent = Agent(
         name="shop",
         instructions="Help the customer.",
-        tools=[lookup_order, slow_note, fast_note, hold, refund],
+        tools=[
+            function_tool(t.lookup_order),
+            function_tool(t.slow_note),
+            function_tool(t.fast_note),
+            function_tool(t.hold),
+            function_tool(needs_approval=True)(t.refund),
+        ],
         model_settings=settings,
     )
     shop.harness = wrap(
@@ -172,35 +168,8 @@ def _langgraph(stream: bool, temperature: float | None) -> Shop:
     from agentsessions.sdk.adapters.langgraph import HostChatModel, HostToolNode, wrap
 
     shop = Shop()
-    effects = shop.effects
-
-    @tool
-    def lookup_order(order_id: str) -> dict[str, Any]:
-        """Look an order up."""
-        raise AssertionError("the host runs lookup_order")
-
-    @tool
-    async def slow_note(text: str) -> str:
-        """Write a note, slowly."""
-        return await _slow(effects, text)
-
-    @tool
-    async def fast_note(text: str) -> str:
-        """Write a note."""
-        effects.append(text)
-        return f"noted {text}"
-
-    @tool
-    async def hold() -> str:
-        """Wait."""
-        return await _hold(shop)
-
-    @tool
-    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
-        """Refund an order."""
-        raise AssertionError("the host runs refund once approved")
-
-    tools = [lookup_order, slow_note, fast_note, hold, refund]
+    t = _tools(shop)
+    tools = [tool(t.lookup_order), tool(t.slow_note), tool(t.fast_note), tool(t.hold), tool(t.refund)]
     chat_model = (
         HostChatModel(temperature=temperature, max_tokens=64) if temperature is not None else HostChatModel()
     )

@@ -15,6 +15,18 @@ from tests.support.host import HostUnderTest, text_input
 K = common_pb2.EventKind
 
 
+# A turn that asked the model, called a tool needing approval and parked (SUSPEND marker).
+PARKED_KINDS = [
+    "EXECUTION_START",
+    "INPUT",
+    "MODEL_CALL",
+    "OUTPUT",
+    "TOOL_CALL",
+    "APPROVAL_REQUEST",
+    "LIFECYCLE",
+]
+
+
 def records(updates: list[session_pb2.ExecUpdate]) -> list[common_pb2.LogRecord]:
     return [u.record for u in updates if u.WhichOneof("update") == "record"]
 

@@ -24,6 +24,7 @@ from google.protobuf import json_format, struct_pb2
 from agentsessions.sdk import EventSink, Start, text_message
 from agentsessions.sdk.errors import SinkError
 from agentsessions.v1 import common_pb2, harness_pb2
+from tests.support.harnesses import descriptor
 
 MEDIATIONS = {
     "approval": common_pb2.MEDIATION_REQUIRES_APPROVAL,
@@ -34,15 +35,6 @@ MEDIATIONS = {
 
 # How long a blocked harness waits for a cancel before giving up (bounds a test that goes wrong).
 BLOCK_LIMIT_S = 60.0
-
-
-def descriptor(harness_id: str) -> harness_pb2.HarnessDescriptor:
-    return harness_pb2.HarnessDescriptor(
-        id=harness_id,
-        version="1",
-        models=["echo"],
-        capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
-    )
 
 
 def receipt_summary(result: common_pb2.ToolResult) -> dict[str, Any]:

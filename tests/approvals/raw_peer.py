@@ -14,7 +14,8 @@ from typing import Any
 
 from grpc import aio
 
-from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+from agentsessions.v1 import common_pb2, harness_pb2
+from tests.support.raw_harness import RawHarnessServicer, serve_harness
 
 RECV_LIMIT_S = 30.0
 
@@ -45,20 +46,11 @@ class Conversation:
 Script = Callable[[Conversation], Coroutine[Any, Any, None]]
 
 
-class RawPeer(harness_pb2_grpc.HarnessServicer):
+class RawPeer(RawHarnessServicer):
     def __init__(self, script: Script, harness_id: str = "raw") -> None:
+        super().__init__(harness_id)
         self.script = script
-        self.harness_id = harness_id
         self.conversations: list[Conversation] = []
-
-    async def Describe(
-        self, request: harness_pb2.DescribeRequest, context: aio.ServicerContext
-    ) -> harness_pb2.HarnessDescriptor:
-        return harness_pb2.HarnessDescriptor(
-            id=self.harness_id,
-            version="1",
-            capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
-        )
 
     async def Connect(
         self, request_iterator: AsyncIterator[harness_pb2.ControllerFrame], context: aio.ServicerContext
@@ -84,14 +76,8 @@ class RawPeer(harness_pb2_grpc.HarnessServicer):
 async def raw_peer(script: Script, harness_id: str = "raw") -> AsyncIterator[tuple[str, RawPeer]]:
     """Serve a scripted peer on a loopback port; yields (address, servicer)."""
     servicer = RawPeer(script, harness_id)
-    server = aio.server()
-    harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}", servicer
-    finally:
-        await server.stop(None)
+    async with serve_harness(servicer) as address:
+        yield address, servicer
 
 
 def tool_call_event(call: common_pb2.ToolCall) -> common_pb2.Event:

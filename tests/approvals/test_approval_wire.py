@@ -21,6 +21,7 @@ from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk.approval import DENIED_MESSAGE
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import (
+    PARKED_KINDS,
     CountingEcho,
     StampTool,
     approve,
@@ -41,15 +42,6 @@ from tests.support.processes import HarnessProcess
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle.Kind
 ALICE = common_pb2.IdentityRef(principal="alice", issuer="tests", subject="u-1")
-PARKED_KINDS = [
-    "EXECUTION_START",
-    "INPUT",
-    "MODEL_CALL",
-    "OUTPUT",
-    "TOOL_CALL",
-    "APPROVAL_REQUEST",
-    "LIFECYCLE",
-]
 
 
 class Rig:

@@ -21,7 +21,18 @@ from agentsessions.host.models.scripted import ScriptedModel, assistant_tool_cal
 from agentsessions.host.tools import PythonCallableExecutor, ToolRegistry
 from agentsessions.sdk.callids import idempotency_key
 from agentsessions.v1 import common_pb2, session_pb2
-from tests.approvals.calls import approve, get, journal, kinds, new_session, outputs, records, resume, say
+from tests.approvals.calls import (
+    PARKED_KINDS,
+    approve,
+    get,
+    journal,
+    kinds,
+    new_session,
+    outputs,
+    records,
+    resume,
+    say,
+)
 from tests.support.host import running_host
 from tests.support.processes import HarnessProcess, harness_process, serve_argv
 
@@ -70,15 +81,7 @@ async def test_ask_before_write_parks_then_the_host_writes_once(
         uid = await new_session(host, "coding")
         updates = await host.exec(say(uid, "add a hello script", config=coding_config))
         recs = records(updates)
-        assert kinds(recs) == [
-            "EXECUTION_START",
-            "INPUT",
-            "MODEL_CALL",
-            "OUTPUT",
-            "TOOL_CALL",
-            "APPROVAL_REQUEST",
-            "LIFECYCLE",
-        ]
+        assert kinds(recs) == PARKED_KINDS
         execution_id = recs[0].event.execution_id
         call = recs[4].event.tool
         assert call.tool == "write_file" and call.mediation == common_pb2.MEDIATION_REQUIRES_APPROVAL

@@ -30,8 +30,9 @@ from tests.approvals.calls import (
     records,
     say,
 )
-from tests.approvals.harnesses import ToolHarness, descriptor
+from tests.approvals.harnesses import ToolHarness
 from tests.approvals.raw_peer import Conversation, Script, raw_peer, tool_call_event
+from tests.support.harnesses import descriptor
 from tests.support.host import counting_ids, running_host
 from tests.support.processes import HarnessProcess
 

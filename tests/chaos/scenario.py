@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -261,3 +263,19 @@ class CrashScenario:
 async def verify_chain(world: CrashScenario, uid: str, records: list[common_pb2.LogRecord]) -> None:
     """The journal file's chain verifies, up to the records the host served."""
     assert await world.verify_store() == {uid: len(records)}
+
+
+@contextlib.asynccontextmanager
+async def started(
+    kind: type[CrashScenario], tmp_path: Path, model_endpoint: ChatCompletionsServer
+) -> AsyncIterator[CrashScenario]:
+    """A started scenario of ``kind``, closed afterwards."""
+    # A short directory of its own for the harness's unix socket (paths are capped near 108 bytes).
+    socket_dir = Path(tempfile.mkdtemp(prefix="asc-", dir="/tmp"))
+    world = kind(tmp_path, socket_dir, model_endpoint)
+    try:
+        await world.start()
+        yield world
+    finally:
+        await world.close()
+        shutil.rmtree(socket_dir, ignore_errors=True)

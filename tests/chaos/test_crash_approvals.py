@@ -16,6 +16,7 @@ import pytest
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.chaos.scenario import (
     MODEL_CALLS,
+    SCRIPT_KINDS,
     CrashScenario,
     kind_names,
     of_kind,
@@ -29,23 +30,14 @@ pytestmark = pytest.mark.e2e
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle.Kind
 
-# One approved turn: parked at the call, decided, resumed to the end.
+# One approved turn: parked at the call, decided, resumed to the end (the script's turn with the
+# approval request and result right after its TOOL_CALL).
+_AT_TOOL_CALL = SCRIPT_KINDS.index(K.EVENT_TOOL_CALL) + 1
 APPROVED_TURN_KINDS = [
-    K.EVENT_EXECUTION_START,
-    K.EVENT_INPUT,
-    K.EVENT_MODEL_CALL,
-    K.EVENT_OUTPUT,
-    K.EVENT_USAGE,
-    K.EVENT_TOOL_CALL,
+    *SCRIPT_KINDS[:_AT_TOOL_CALL],
     K.EVENT_APPROVAL_REQUEST,
     K.EVENT_APPROVAL_RESULT,
-    K.EVENT_TOOL_RESULT,
-    K.EVENT_TOOL_RESULT,
-    K.EVENT_MODEL_CALL,
-    K.EVENT_OUTPUT,
-    K.EVENT_USAGE,
-    K.EVENT_OUTPUT,
-    K.EVENT_END,
+    *SCRIPT_KINDS[_AT_TOOL_CALL:],
 ]
 
 

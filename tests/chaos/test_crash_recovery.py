@@ -100,18 +100,23 @@ async def finish_and_verify(world: CrashScenario) -> None:
     assert verified.stdout.startswith("ok: 1 sessions"), verified.stdout
 
 
+async def host_killed_at(scenario: CrashScenario, cut: str) -> tuple[str, list[common_pb2.LogRecord]]:
+    """Kill -9 the host once the turn reaches ``cut``: the turn's Exec answers UNAVAILABLE. Returns
+    the session and the records the client had seen."""
+    turn = scenario.exec_turn(cut)
+    await scenario.wait_for_cut(turn, cut)
+    seen = list(turn.records)
+    await scenario.host.kill()
+    assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+    return turn.session, seen
+
+
 @pytest.mark.parametrize("cut", CUT_POINTS)
 class TestKillHost:
     """kill -9 of the host at each cut point; a new host on the same journal resumes the turn."""
 
     async def test_resume_completes_without_duplicates(self, scenario: CrashScenario, cut: str) -> None:
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        seen = list(turn.records)
-
-        await scenario.host.kill()
-        assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+        uid, seen = await host_killed_at(scenario, cut)
         await verify_chain(scenario, uid, seen)  # what the crash left verifies
         scenario.release()
         await scenario.host.start()
@@ -127,32 +132,47 @@ class TestKillHost:
         await verify_chain(scenario, uid, records)
 
 
+async def harness_killed_at(
+    scenario: CrashScenario, cut: str
+) -> tuple[str, list[common_pb2.LogRecord], list[common_pb2.LogRecord]]:
+    """Kill -9 the harness once the turn reaches ``cut``: the turn's Exec answers INTERNAL. Returns
+    the session, the records the client had seen and the records journaled after the kill."""
+    turn = scenario.exec_turn(cut)
+    await scenario.wait_for_cut(turn, cut)
+    uid = turn.session
+    seen = list(turn.records)
+    await scenario.harness.kill()
+    scenario.release()  # a model or tool call the host is inside now returns to a dead stream
+    assert await turn.status() == grpc.StatusCode.INTERNAL
+    return uid, seen, await scenario.records(uid)
+
+
+async def resume_completes(
+    scenario: CrashScenario, uid: str, failed: list[common_pb2.LogRecord], cut: str
+) -> None:
+    """Resume (retried while the harness is unreachable) completes the turn the harness kill cut:
+    the failed records stay the prefix, the recovery is exact and the chain verifies."""
+    session = await scenario.resume_when_reachable(uid)
+    assert session.exec_state == session_pb2.EXEC_COMPLETED
+    records = await scenario.records(uid)
+    assert records[: len(failed)] == failed
+    assert_recovered(scenario, records, cut=cut, killed="harness")
+    await verify_chain(scenario, uid, records)
+
+
 @pytest.mark.parametrize("cut", CUT_POINTS)
 class TestKillHarness:
     """kill -9 of the harness at each cut point: the turn fails with ERROR journaled; a restarted
     harness lets Resume complete it."""
 
     async def test_resume_completes_without_duplicates(self, scenario: CrashScenario, cut: str) -> None:
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        seen = list(turn.records)
-
-        await scenario.harness.kill()
-        scenario.release()  # a model or tool call the host is inside now returns to a dead stream
-        assert await turn.status() == grpc.StatusCode.INTERNAL
-        failed = await scenario.records(uid)
+        uid, seen, failed = await harness_killed_at(scenario, cut)
         assert failed[: len(seen)] == seen
         assert failed[-1].event.kind == K.EVENT_ERROR, kind_names(failed)
         assert of_kind(failed, K.EVENT_END) == []
 
         await scenario.harness.start()
-        session = await scenario.resume_when_reachable(uid)
-        assert session.exec_state == session_pb2.EXEC_COMPLETED
-        records = await scenario.records(uid)
-        assert records[: len(failed)] == failed
-        assert_recovered(scenario, records, cut=cut, killed="harness")
-        await verify_chain(scenario, uid, records)
+        await resume_completes(scenario, uid, failed, cut)
 
 
 class TestResumeWhileHarnessDown:
@@ -161,13 +181,7 @@ class TestResumeWhileHarnessDown:
 
     async def test_unavailable_then_completed(self, scenario: CrashScenario) -> None:
         cut = "after_tool_call"
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        await scenario.harness.kill()
-        scenario.release()
-        assert await turn.status() == grpc.StatusCode.INTERNAL
-        failed = await scenario.records(uid)
+        uid, _, failed = await harness_killed_at(scenario, cut)
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await scenario.resume(uid)
@@ -177,12 +191,7 @@ class TestResumeWhileHarnessDown:
         await scenario.harness.start()
         # UNAVAILABLE is retryable: the host redials a harness that came back within about a
         # second (spec 5.6), so a client retries; no refused attempt may write anything.
-        session = await scenario.resume_when_reachable(uid)
-        assert session.exec_state == session_pb2.EXEC_COMPLETED
-        records = await scenario.records(uid)
-        assert records[: len(failed)] == failed
-        assert_recovered(scenario, records, cut=cut, killed="harness")
-        await verify_chain(scenario, uid, records)
+        await resume_completes(scenario, uid, failed, cut)
 
 
 class TestRepeatedCrashDuringRecovery:
@@ -193,12 +202,7 @@ class TestRepeatedCrashDuringRecovery:
 
     @pytest.mark.parametrize("cut", ["during_model_call", "during_tool_call"])
     async def test_third_host_completes_the_turn(self, scenario: CrashScenario, cut: str) -> None:
-        turn = scenario.exec_turn(cut)
-        await scenario.wait_for_cut(turn, cut)
-        uid = turn.session
-        seen = list(turn.records)
-        await scenario.host.kill()
-        assert await turn.status() == grpc.StatusCode.UNAVAILABLE
+        uid, seen = await host_killed_at(scenario, cut)
 
         # Second incarnation: not released, so the re-driven call stops at the same place.
         if cut == "during_model_call":

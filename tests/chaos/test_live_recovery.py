@@ -11,8 +11,6 @@ the interrupted session is refused, naming Resume, instead of leaving the execut
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from tests.chaos.scenario import (
     CrashScenario,
     kind_names,
     of_kind,
+    started,
     wait_until,
 )
 from tests.support import crash_harness
@@ -54,14 +53,8 @@ class LiveCrashScenario(CrashScenario):
 async def live_scenario(
     tmp_path: Path, model_endpoint: ChatCompletionsServer
 ) -> AsyncIterator[CrashScenario]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="asc-", dir="/tmp"))
-    world = LiveCrashScenario(tmp_path, socket_dir, model_endpoint)
-    try:
-        await world.start()
+    async with started(LiveCrashScenario, tmp_path, model_endpoint) as world:
         yield world
-    finally:
-        await world.close()
-        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def is_end(record: common_pb2.LogRecord) -> bool:
@@ -203,16 +196,20 @@ async def test_a_keyed_exec_retried_across_the_crash_streams_the_recovered_execu
     assert len(world.model.requests) == MODEL_CALLS
 
 
-async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
-    scenario: CrashScenario,
-) -> None:
-    cut = "after_model_call"
+async def interrupted_at(scenario: CrashScenario, cut: str) -> str:
+    """A session whose turn a host kill cut at ``cut``, on the host started again; its uid."""
     turn = scenario.exec_turn(cut)
     await scenario.wait_for_cut(turn, cut)
-    uid = turn.session
     await scenario.host.kill()
     scenario.release()
     await scenario.host.start()
+    return turn.session
+
+
+async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
+    scenario: CrashScenario,
+) -> None:
+    uid = await interrupted_at(scenario, "after_model_call")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         _ = [u async for u in scenario.host.sessions.Exec(crash_request(scenario, "", uid))]
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -227,13 +224,7 @@ async def test_with_recovery_off_an_exec_on_an_interrupted_session_names_resume(
 
 async def test_a_session_suspended_with_an_interrupted_turn_stays_suspended(scenario: CrashScenario) -> None:
     """Recovery leaves a session that was suspended on purpose alone; Resume completes its turn."""
-    cut = "after_usage"
-    turn = scenario.exec_turn(cut)
-    await scenario.wait_for_cut(turn, cut)
-    uid = turn.session
-    await scenario.host.kill()
-    scenario.release()
-    await scenario.host.start()  # recovery off: nothing happens by itself
+    uid = await interrupted_at(scenario, "after_usage")  # recovery off: nothing happens by itself
     await scenario.host.sessions.Suspend(session_pb2.SuspendRequest(session=uid), timeout=WAIT_LIMIT_S)
     suspended = await scenario.records(uid)
     assert suspended[-1].event.lifecycle.kind == LK.LIFECYCLE_SUSPEND

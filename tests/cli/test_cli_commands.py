@@ -17,8 +17,8 @@ from agentsessions.client import SessionsClient
 from agentsessions.host.config import HostConfig
 from agentsessions.host.usercli.commands import ChainCheck
 from tests.cli.conftest import cli
-from tests.security.conftest import serving
 from tests.support.host_process import BIN, repo_env
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.e2e
 

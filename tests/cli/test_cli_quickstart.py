@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli.conftest import cli
 from tests.support.host_process import HostProcess
-from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
+from tests.support.scripted_endpoint import Reply, ScriptedEndpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -29,12 +29,6 @@ CODING = [
     "--tool-executor",
     "python:agentsessions.harnesses.coding_tools:write_file",
 ]
-
-
-@pytest.fixture
-def endpoint() -> Iterator[ScriptedEndpoint]:
-    with scripted_endpoint() as served:
-        yield served
 
 
 @pytest.fixture

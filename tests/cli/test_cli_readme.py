@@ -11,18 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.host_process import BIN, HostProcess, repo_env
+from tests.support.readme import ROOT, readme_block
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli_quickstart() -> str:
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(
-        r"<!-- cli-quickstart:begin.*?-->\s*```sh\n(.*?)```\s*<!-- cli-quickstart:end -->", readme, re.S
-    )
-    assert block, "README lost its CLI quickstart block"
-    return block.group(1)
 
 
 @pytest.fixture
@@ -36,7 +27,7 @@ async def host(tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def test_the_cli_quickstart_runs_as_written(host: str) -> None:
-    script = cli_quickstart()
+    script = readme_block("cli-quickstart", "sh")
     assert "AGENTSESSIONS_SERVER=127.0.0.1:50051" in script and "A=.venv/bin/agentsessions" in script
     script = script.replace("127.0.0.1:50051", host).replace(
         "A=.venv/bin/agentsessions", f"A={BIN}/agentsessions"

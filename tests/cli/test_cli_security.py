@@ -10,8 +10,9 @@ import pytest
 
 from agentsessions.host.config import HostConfig
 from tests.cli.conftest import cli
-from tests.security.conftest import PKI, serving
+from tests.security.conftest import PKI
 from tests.support.certs import Authority
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.host_process import HostProcess
-from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
+from tests.support.scripted_endpoint import Reply, ScriptedEndpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -60,12 +60,6 @@ def http_address(host: HostProcess) -> str:
             if entry.get("msg") == "serving":
                 return str(entry["http"])
     raise AssertionError("the host logged no serving line with an http address")
-
-
-@pytest.fixture
-def endpoint() -> Iterator[ScriptedEndpoint]:
-    with scripted_endpoint() as served:
-        yield served
 
 
 @pytest.fixture

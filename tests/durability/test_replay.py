@@ -9,7 +9,7 @@ output, an effect left unconsumed) is a divergence that the operator command nam
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -161,45 +161,51 @@ class TestReplayI0Mismatch:
             assert await chain(store, uid) == before
 
 
+def _skip_the_model(tunable: TunableHarness) -> None:
+    tunable.call_model = False
+
+
+def _other_second_output(tunable: TunableHarness) -> None:
+    tunable.outputs = ["first", "something else"]
+
+
+def _a_third_output(tunable: TunableHarness) -> None:
+    tunable.outputs = ["first", "second", "third"]
+
+
 class TestReplayDivergenceDetected:
-    async def test_under_consumption(
-        self, tunable_host: HostUnderTest, tunable: TunableHarness, model: CountingModel
+    @pytest.mark.parametrize(
+        ("change", "match"),
+        [
+            (_skip_the_model, "1 recorded effects unconsumed"),
+            (_other_second_output, "output mismatch"),
+            (_a_third_output, "asked for output where the journal recorded model"),
+        ],
+        ids=["under_consumption", "output_divergence", "an_unrecorded_request_diverges"],
+    )
+    async def test_a_changed_harness_diverges_and_writes_nothing(
+        self,
+        tunable_host: HostUnderTest,
+        tunable: TunableHarness,
+        model: CountingModel,
+        change: Callable[[TunableHarness], None],
+        match: str,
     ) -> None:
         uid = await completed_turn(tunable_host)
         before = await chain(tunable_host.store, uid)
-        tunable.call_model = False
-        with pytest.raises(ReplayDivergedError, match="1 recorded effects unconsumed"):
-            await tunable_host.controller.replay(uid)
-        assert len(model.calls) == 1
-        assert await chain(tunable_host.store, uid) == before
-
-    async def test_output_divergence(
-        self, tunable_host: HostUnderTest, tunable: TunableHarness, model: CountingModel
-    ) -> None:
-        uid = await completed_turn(tunable_host)
-        before = await chain(tunable_host.store, uid)
-        tunable.outputs = ["first", "something else"]
-        with pytest.raises(ReplayDivergedError, match="output mismatch"):
-            await tunable_host.controller.replay(uid)
-        assert len(model.calls) == 1
-        assert await chain(tunable_host.store, uid) == before
-
-    async def test_an_unrecorded_request_diverges(
-        self, tunable_host: HostUnderTest, tunable: TunableHarness, model: CountingModel
-    ) -> None:
-        uid = await completed_turn(tunable_host)
-        before = await chain(tunable_host.store, uid)
-        tunable.outputs = ["first", "second", "third"]
-        with pytest.raises(ReplayDivergedError, match="asked for output where the journal recorded model"):
+        change(tunable)
+        with pytest.raises(ReplayDivergedError, match=match):
             await tunable_host.controller.replay(uid)
         assert len(model.calls) == 1
         assert await chain(tunable_host.store, uid) == before
 
 
 class TestReplayPreflightsEveryCompletedExecution:
-    async def test_an_unserved_later_harness_stops_replay_before_the_first_run(
+    @pytest.fixture
+    async def recorded(
         self, store: JournalStore, model: CountingModel
-    ) -> None:
+    ) -> AsyncIterator[tuple[HostUnderTest, StartRecorder, str]]:
+        """A host serving the recorder harness, and a session that completed one turn ("one")."""
         recorder = StartRecorder()
         async with (
             served(recorder) as address,
@@ -207,38 +213,38 @@ class TestReplayPreflightsEveryCompletedExecution:
         ):
             uid = await new_session(host, "recorder")
             await host.exec(say(uid, "one"))
-            later = "00000000000000f2"
-            start = common_pb2.ExecutionStart(input_count=1, harness="retired-harness", harness_version="1")
-            await append_raw(
-                store,
-                uid,
-                [
-                    common_pb2.Event(execution_id=later, kind=K.EVENT_EXECUTION_START, execution_start=start),
-                    common_pb2.Event(execution_id=later, kind=K.EVENT_INPUT, message=text_input("two")),
-                    common_pb2.Event(
-                        execution_id=later, kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")
-                    ),
-                ],
-            )
-            recorder.starts.clear()
-            with pytest.raises(FailedPreconditionError, match="retired-harness"):
-                await host.controller.replay(uid)
-            assert recorder.starts == [], "no execution runs before every one is preflighted"
+            yield host, recorder, uid
+
+    async def test_an_unserved_later_harness_stops_replay_before_the_first_run(
+        self, store: JournalStore, recorded: tuple[HostUnderTest, StartRecorder, str]
+    ) -> None:
+        host, recorder, uid = recorded
+        later = "00000000000000f2"
+        start = common_pb2.ExecutionStart(input_count=1, harness="retired-harness", harness_version="1")
+        await append_raw(
+            store,
+            uid,
+            [
+                common_pb2.Event(execution_id=later, kind=K.EVENT_EXECUTION_START, execution_start=start),
+                common_pb2.Event(execution_id=later, kind=K.EVENT_INPUT, message=text_input("two")),
+                common_pb2.Event(
+                    execution_id=later, kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")
+                ),
+            ],
+        )
+        recorder.starts.clear()
+        with pytest.raises(FailedPreconditionError, match="retired-harness"):
+            await host.controller.replay(uid)
+        assert recorder.starts == [], "no execution runs before every one is preflighted"
 
     async def test_an_incomplete_trailing_execution_is_skipped(
-        self, store: JournalStore, model: CountingModel
+        self, recorded: tuple[HostUnderTest, StartRecorder, str]
     ) -> None:
-        recorder = StartRecorder()
-        async with (
-            served(recorder) as address,
-            running_host(store, remote={"recorder": address}, model=model) as host,
-        ):
-            uid = await new_session(host, "recorder")
-            await host.exec(say(uid, "one"))
-            recorder.fail_next = True
-            with pytest.raises(grpc.aio.AioRpcError):
-                await host.exec(say(uid, "two"))
-            recorder.starts.clear()
-            report = await host.controller.replay(uid)
-            assert report.executions == 1 and report.outputs == ["saw: one", "echo:one"]
-            assert [[message_text(m) for m in s.inputs] for s in recorder.starts] == [["one"]]
+        host, recorder, uid = recorded
+        recorder.fail_next = True
+        with pytest.raises(grpc.aio.AioRpcError):
+            await host.exec(say(uid, "two"))
+        recorder.starts.clear()
+        report = await host.controller.replay(uid)
+        assert report.executions == 1 and report.outputs == ["saw: one", "echo:one"]
+        assert [[message_text(m) for m in s.inputs] for s in recorder.starts] == [["one"]]

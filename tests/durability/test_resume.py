@@ -27,6 +27,17 @@ from tests.support.host import HostUnderTest, counting_ids, running_host, text_i
 EID = "00000000000000e1"
 
 
+async def resume_refused(host: HostUnderTest, model: CountingModel, uid: str, why: str) -> None:
+    """Resume answers FAILED_PRECONDITION naming ``why``, and writes nothing and asks no model."""
+    before = await chain(host.store, uid)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await resume(host, uid)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert why in (err.value.details() or "")
+    assert await chain(host.store, uid) == before
+    assert model.calls == []
+
+
 class TestMultiTurnResumeContinue:
     async def test_suspend_resume_then_the_next_turn_extends_the_same_chain(
         self, store: JournalStore, model: CountingModel
@@ -161,13 +172,7 @@ class TestResumeInterruptedTurn:
     ) -> None:
         uid = await new_session(host, "wire-echo")
         await append_raw(host.store, uid, [execution_start(input_count), user_input("hi")])
-        before = await chain(host.store, uid)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await resume(host, uid)
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert why in (err.value.details() or "")
-        assert await chain(host.store, uid) == before
-        assert model.calls == []
+        await resume_refused(host, model, uid, why)
 
 
 class TestResumeAfterProviderError:
@@ -218,13 +223,7 @@ class TestRecoveryHarnessIdentity:
         start = execution_start(harness=harness)
         start.execution_start.harness_version = version
         await append_raw(host.store, uid, [start, user_input("hi")])
-        before = await chain(host.store, uid)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await resume(host, uid)
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert why in (err.value.details() or "")
-        assert await chain(host.store, uid) == before
-        assert model.calls == []
+        await resume_refused(host, model, uid, why)
 
     async def test_a_complete_session_resumes_without_reaching_its_harness(self, store: JournalStore) -> None:
         async with (

@@ -16,18 +16,9 @@ from agentsessions.client import SessionsClient
 from agentsessions.v1 import common_pb2
 from tests.support.host_process import HostProcess
 from tests.support.processes import BIN, harness_process
+from tests.support.readme import ROOT, readme_block
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def quickstart_script() -> str:
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(
-        r"<!-- quickstart:begin.*?-->\s*```sh\n(.*?)```\s*<!-- quickstart:end -->", readme, re.S
-    )
-    assert block, "README lost its quickstart block"
-    return block.group(1)
 
 
 @pytest.fixture
@@ -53,8 +44,9 @@ def host(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def test_quickstart_runs_against_a_live_host(host: str) -> None:
-    script = quickstart_script().replace("HOST=127.0.0.1:50051", f"HOST={host}")
+def run_against(host: str, script: str) -> str:
+    """Run a README shell block as written, against ``host`` and this checkout's tools; its stdout."""
+    script = script.replace("HOST=127.0.0.1:50051", f"HOST={host}")
     script = script.replace('G=".venv/bin/grpcurl', f'G="{BIN}/grpcurl').replace(
         "python3 -c", f"{sys.executable} -c"
     )
@@ -63,20 +55,15 @@ def test_quickstart_runs_against_a_live_host(host: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
+    return out
+
+
+def test_quickstart_runs_against_a_live_host(host: str) -> None:
+    out = run_against(host, readme_block("quickstart", "sh"))
     assert '"text": "echo:hi"' in out and '"text": "echo:bye"' in out
     assert out.count('"kind": "EVENT_END"') >= 4  # two Exec streams + Replay of both turns
     assert '"name": "left"' in out and '"name": "right"' in out
     assert '"computeState": "COMPUTE_COLD"' in out or '"compute_state": "COMPUTE_COLD"' in out
-
-
-def readme_block(name: str, language: str) -> str:
-    """The fenced block between ``<!-- NAME:begin ... -->`` and ``<!-- NAME:end -->``."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(
-        rf"<!-- {name}:begin.*?-->\s*```{language}\n(.*?)```\s*<!-- {name}:end -->", readme, re.S
-    )
-    assert block, f"README lost its {name} block"
-    return block.group(1)
 
 
 def test_the_python_client_block_runs_as_written(host: str, tmp_path: Path) -> None:
@@ -129,15 +116,7 @@ async def test_the_harness_block_serves_as_written_from_its_folder(tmp_path: Pat
 
 
 def test_the_live_sessions_block_runs_as_written(host: str) -> None:
-    script = readme_block("live", "sh").replace("HOST=127.0.0.1:50051", f"HOST={host}")
-    script = script.replace('G=".venv/bin/grpcurl', f'G="{BIN}/grpcurl').replace(
-        "python3 -c", f"{sys.executable} -c"
-    )
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = run_against(host, readme_block("live", "sh"))
     # The keyed Exec twice: the same five records, hashes included.
     hashes = re.findall(r'"content_?[hH]ash": "([0-9a-f]+)"', out)
     assert len(hashes) >= 12 and hashes[:5] == hashes[5:10]

@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,7 @@ from agentsessions.sdk import convert
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.support.host_process import BIN, HostProcess, repo_env
 from tests.support.processes import HarnessProcess, harness_process, serve_argv
-from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
+from tests.support.scripted_endpoint import Reply, ScriptedEndpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -80,12 +80,6 @@ def harness_env(tmp_path: Path) -> dict[str, str]:
         LANGSMITH_TRACING="false",
     )
     return env
-
-
-@pytest.fixture
-def endpoint() -> Iterator[ScriptedEndpoint]:
-    with scripted_endpoint() as served:
-        yield served
 
 
 @pytest.fixture(params=sorted(EXAMPLE_TARGETS))

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
+from agentsessions.host import protowire
 from agentsessions.host.journal import encode_page_token
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.recordable import MAX_STRUCT_DEPTH
@@ -68,15 +69,6 @@ def _deep_value(levels: int) -> struct_pb2.Value:
     return top
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _data_input(value: struct_pb2.Value) -> common_pb2.Message:
     message = common_pb2.Message(role="user")
     message.parts.add().data.data.fields["x"].CopyFrom(value)
@@ -118,7 +110,7 @@ async def test_struct_nesting_past_the_parsers_limit_names_the_field(
     # 40 nested objects are ~120 nested messages: the protobuf runtime refuses to decode them.
     deep = _data_input(_deep_value(40)).SerializeToString()
     # ExecRequest.inputs (field 2) by hand: the runtime will not copy a message this deep.
-    frames, err = await _stream(host, "Exec", b"\x12" + _varint(len(deep)) + deep)
+    frames, err = await _stream(host, "Exec", b"\x12" + protowire.varint(len(deep)) + deep)
     assert frames == []
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details().startswith("inputs[0].parts[0].data.data")

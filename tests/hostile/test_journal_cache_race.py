@@ -16,6 +16,7 @@ from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2
+from tests.support.host import text_output
 
 
 class GatedReads(MemoryStore):
@@ -34,27 +35,18 @@ class GatedReads(MemoryStore):
         return records
 
 
-def output(text: str) -> common_pb2.Event:
-    return common_pb2.Event(
-        kind=common_pb2.EVENT_OUTPUT,
-        message=common_pb2.Message(
-            role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text=text))]
-        ),
-    )
-
-
 async def test_a_refresh_racing_this_hosts_appends_keeps_the_cache_exact() -> None:
     store = GatedReads()
     await store.create_session(SessionRow(uid="s", project="p"))
     cache = JournalCache(store)
-    await store.append("s", [output("1")], expected_head=0, fence=0)
+    await store.append("s", [text_output("1")], expected_head=0, fence=0)
     assert len(await cache.events("s")) == 1
     # Another writer's record: the cache learns of it from the head and reads it...
-    await store.append("s", [output("2")], expected_head=1, fence=0)
+    await store.append("s", [text_output("2")], expected_head=1, fence=0)
     refresh = asyncio.create_task(cache.events("s"))
     await asyncio.wait_for(store.waiting.wait(), 30)
     # ...while this host appends and reports its own records to the cache.
-    mine = await store.append("s", [output("3")], expected_head=2, fence=0)
+    mine = await store.append("s", [text_output("3")], expected_head=2, fence=0)
     cache.appended("s", mine)
     store.open.set()
     events = await refresh

@@ -3,10 +3,9 @@ a free loopback port, an httpx client for it, and a gRPC stub on the same host's
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,13 @@ import httpx
 import pytest
 from grpc import aio
 
-from agentsessions.host import server
 from agentsessions.host.config import HostConfig
 from agentsessions.host.tools.executor import ToolContext
 from agentsessions.sdk.server import HarnessServer, start_server
 from agentsessions.v1 import session_pb2_grpc
 from tests.approvals.harnesses import BlockingHarness, ToolHarness
+from tests.support.serving import serving
 
-START_LIMIT_S = 60.0
 CALL_LIMIT_S = 30.0
 
 ALICE = "alice-token-0123456789"  # writer, reader and approver in default
@@ -67,26 +65,6 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(config: HostConfig) -> AsyncIterator[Sequence[str]]:
-    """Run ``server.serve(config)`` until the block ends; the bound addresses (HTTP last)."""
-    stop = asyncio.Event()
-    ready: asyncio.Future[Sequence[str]] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(server.serve(config, stop=stop, on_serving=ready.set_result))
-    racing: set[asyncio.Future[Any]] = {ready, task}
-    await asyncio.wait(racing, timeout=START_LIMIT_S, return_when=asyncio.FIRST_COMPLETED)
-    if not ready.done():
-        if task.done():
-            task.result()
-        task.cancel()
-        raise AssertionError(f"the host did not start serving within {START_LIMIT_S} s")
-    try:
-        yield ready.result()
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, timeout=START_LIMIT_S) == 0
-
-
-@contextlib.asynccontextmanager
 async def http_host(**options: Any) -> AsyncIterator[Served]:
     config = HostConfig(listen="127.0.0.1:0", journal="memory:", http_listen="127.0.0.1:0", **options)
     async with serving(config) as addresses:
@@ -120,6 +98,12 @@ def tokens_file(tmp_path: Path) -> str:
     path = tmp_path / "principals.json"
     path.write_text(json.dumps(PRINCIPALS))
     return str(path)
+
+
+def refusal(answer: httpx.Response) -> tuple[int, str, str]:
+    """An HTTP API error answer: (HTTP status, gRPC code name, message)."""
+    body = answer.json()["error"]
+    return answer.status_code, body["code"], body["message"]
 
 
 def user_input(text: str) -> dict[str, Any]:

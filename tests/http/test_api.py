@@ -9,37 +9,23 @@ import json
 from typing import Any
 
 import grpc
-import httpx
 import pytest
 from google.protobuf import json_format
-from grpc import aio
 
 from agentsessions.host.http.status import HTTP_STATUS
 from agentsessions.sdk.server import HarnessServer
 from agentsessions.v1 import session_pb2
 from tests.approvals.harnesses import BlockingHarness
-from tests.http.conftest import STAMP, create, exec_lines, http_host, turn, user_input
+from tests.http.conftest import STAMP, create, exec_lines, http_host, refusal, turn, user_input
+from tests.support.outcome import call_outcome
 
 API = "/api/v1"
 
 
 async def grpc_code(call: Any) -> grpc.StatusCode:
     """The status code a gRPC call on the same host ends with (OK when it succeeds)."""
-    try:
-        result = call
-        if hasattr(result, "__aiter__"):
-            async for _ in result:
-                pass
-        else:
-            await result
-    except aio.AioRpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
-
-
-def error_of(answer: httpx.Response) -> tuple[int, str, str]:
-    body = answer.json()["error"]
-    return answer.status_code, body["code"], body["message"]
+    code, _ = await call_outcome(call)
+    return code
 
 
 def test_every_grpc_code_has_an_http_status() -> None:
@@ -120,7 +106,7 @@ async def test_fork_suspend_resume_delete() -> None:
         deleted = await host.http.delete(f"{API}/sessions/{child}")
         assert deleted.status_code == 200 and deleted.json()["metadata"]["uid"] == child
         gone = await host.http.get(f"{API}/sessions/{child}")
-        assert error_of(gone)[:2] == (404, "NOT_FOUND")
+        assert refusal(gone)[:2] == (404, "NOT_FOUND")
         assert await grpc_code(host.sessions.GetSession(session_pb2.GetSessionRequest(uid=child))) == (
             grpc.StatusCode.NOT_FOUND
         )
@@ -133,34 +119,34 @@ async def test_refusals_name_the_field_and_match_grpc() -> None:
         post = host.http.post
 
         not_json = await post(f"{API}/sessions", content=b"{", headers={"Content-Type": "application/json"})
-        status, code, message = error_of(not_json)
+        status, code, message = refusal(not_json)
         assert (status, code) == (400, "INVALID_ARGUMENT") and message.startswith("request body: not JSON")
 
         unknown = await post(f"{API}/sessions", json={"session": {"bogus": 1}})
-        status, code, message = error_of(unknown)
+        status, code, message = refusal(unknown)
         assert (status, code) == (400, "INVALID_ARGUMENT") and '"bogus"' in message
 
         form = await post(f"{API}/sessions", content=b"session=x", headers={"Content-Type": "text/plain"})
-        status, code, message = error_of(form)
+        status, code, message = refusal(form)
         assert (status, code) == (415, "INVALID_ARGUMENT") and message.startswith("Content-Type:")
 
         other = await post(f"{API}/sessions/{uid}/cancel", json={"session": "sess-000000000000000000000000"})
-        status, code, message = error_of(other)
+        status, code, message = refusal(other)
         assert (status, code) == (400, "INVALID_ARGUMENT") and message.startswith("session: the body names")
 
         page = await host.http.get(f"{API}/sessions", params={"page_size": "abc"})
-        status, code, message = error_of(page)
+        status, code, message = refusal(page)
         assert (status, code) == (400, "INVALID_ARGUMENT") and "page_size" in message
         state = await host.http.get(f"{API}/sessions", params={"state": "SLEEPING"})
-        assert error_of(state)[:2] == (400, "INVALID_ARGUMENT") and "state:" in error_of(state)[2]
+        assert refusal(state)[:2] == (400, "INVALID_ARGUMENT") and "state:" in refusal(state)[2]
 
         # Validation, not found, stale head and no pending approval: the gRPC codes, mapped.
         bad_uid = await host.http.get(f"{API}/sessions/{'x' * 300}")
         over_grpc = await grpc_code(host.sessions.GetSession(session_pb2.GetSessionRequest(uid="x" * 300)))
         assert over_grpc == grpc.StatusCode.INVALID_ARGUMENT
-        assert error_of(bad_uid)[:2] == (400, "INVALID_ARGUMENT")
+        assert refusal(bad_uid)[:2] == (400, "INVALID_ARGUMENT")
         missing = await host.http.get(f"{API}/sessions/sess-000000000000000000000000")
-        assert error_of(missing)[:2] == (404, "NOT_FOUND")
+        assert refusal(missing)[:2] == (404, "NOT_FOUND")
 
         status, lines = await exec_lines(
             host.http, f"{API}/sessions/{uid}/exec", {"expectedLastSeq": 3, "inputs": [user_input("late")]}
@@ -172,18 +158,18 @@ async def test_refusals_name_the_field_and_match_grpc() -> None:
 
         approve = {"executionId": "e", "toolCallId": "t", "requestSeq": 1, "approved": True}
         refused = await post(f"{API}/sessions/{uid}/approve", json=approve)
-        assert error_of(refused)[:2] == (409, "FAILED_PRECONDITION")
+        assert refusal(refused)[:2] == (409, "FAILED_PRECONDITION")
         request = session_pb2.ApproveRequest(session=uid, execution_id="e", tool_call_id="t", request_seq=1)
         request.approved = True
         assert await grpc_code(host.sessions.Approve(request)) == grpc.StatusCode.FAILED_PRECONDITION
 
         unset = await post(f"{API}/sessions/{uid}/approve", json={"executionId": "e"})
-        assert error_of(unset)[:2] == (400, "INVALID_ARGUMENT") and "tool_call_id" in error_of(unset)[2]
+        assert refusal(unset)[:2] == (400, "INVALID_ARGUMENT") and "tool_call_id" in refusal(unset)[2]
 
         no_route = await host.http.get(f"{API}/nothing-here")
-        assert error_of(no_route)[:2] == (404, "NOT_FOUND")
+        assert refusal(no_route)[:2] == (404, "NOT_FOUND")
         wrong_method = await host.http.put(f"{API}/sessions/{uid}")
-        assert error_of(wrong_method)[:2] == (405, "UNIMPLEMENTED") and "GET" in wrong_method.headers["Allow"]
+        assert refusal(wrong_method)[:2] == (405, "UNIMPLEMENTED") and "GET" in wrong_method.headers["Allow"]
 
 
 async def test_state_filter_and_paging_visit_each_session_once() -> None:
@@ -309,11 +295,11 @@ async def test_browser_rules_and_headers() -> None:
         foreign = await host.http.post(
             f"{API}/sessions", json={"session": {}}, headers={"Origin": "https://evil.example"}
         )
-        assert error_of(foreign)[:2] == (403, "PERMISSION_DENIED")
+        assert refusal(foreign)[:2] == (403, "PERMISSION_DENIED")
         cross = await host.http.get(f"{API}/sessions", headers={"Sec-Fetch-Site": "cross-site"})
-        assert error_of(cross)[:2] == (403, "PERMISSION_DENIED")
+        assert refusal(cross)[:2] == (403, "PERMISSION_DENIED")
         rebound = await host.http.get(f"{API}/sessions", headers={"Host": f"evil.example:{port}"})
-        assert error_of(rebound)[:2] == (403, "PERMISSION_DENIED") and "Host:" in error_of(rebound)[2]
+        assert refusal(rebound)[:2] == (403, "PERMISSION_DENIED") and "Host:" in refusal(rebound)[2]
         assert (
             await host.http.get(f"{API}/sessions", headers={"Host": f"localhost:{port}"})
         ).status_code == 200
@@ -343,5 +329,5 @@ async def test_a_bad_last_event_id_is_invalid_argument(header: str) -> None:
     async with http_host() as host:
         uid = await create(host.http)
         answer = await host.http.get(f"{API}/sessions/{uid}/events", headers={"Last-Event-ID": header})
-        status, code, message = error_of(answer)
+        status, code, message = refusal(answer)
         assert (status, code) == (400, "INVALID_ARGUMENT") and message.startswith("Last-Event-ID:")

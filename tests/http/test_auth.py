@@ -4,11 +4,8 @@ gRPC refusal of the same call, mapped to its HTTP status."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import grpc
 import httpx
-from grpc import aio
 
 from agentsessions.client import bearer_metadata
 from agentsessions.host.config import ConfigError, HostConfig
@@ -23,29 +20,13 @@ from tests.http.conftest import (
     create,
     exec_lines,
     http_host,
+    refusal,
     turn,
     user_input,
 )
+from tests.support.outcome import call_outcome
 
 API = "/api/v1"
-
-
-async def grpc_refusal(call: Any) -> tuple[grpc.StatusCode, str]:
-    try:
-        result = call
-        if hasattr(result, "__aiter__"):
-            async for _ in result:
-                pass
-        else:
-            await result
-    except aio.AioRpcError as exc:
-        return exc.code(), exc.details() or ""
-    return grpc.StatusCode.OK, ""
-
-
-def refusal(answer: httpx.Response) -> tuple[int, str, str]:
-    body = answer.json()["error"]
-    return answer.status_code, body["code"], body["message"]
 
 
 async def test_no_token_or_a_wrong_one_is_401(tokens_file: str) -> None:
@@ -63,7 +44,7 @@ async def test_no_token_or_a_wrong_one_is_401(tokens_file: str) -> None:
             assert answer.headers["WWW-Authenticate"].startswith("Bearer")
             assert "not-a-known-token" not in message
             # The same words gRPC answers the same call with.
-            assert await grpc_refusal(host.sessions.GetSession(get, metadata=metadata)) == (
+            assert await call_outcome(host.sessions.GetSession(get, metadata=metadata)) == (
                 grpc.StatusCode.UNAUTHENTICATED,
                 message,
             )
@@ -100,7 +81,7 @@ async def test_roles_and_projects_are_the_grpc_rules(tokens_file: str) -> None:
         assert (status, code) == (404, "NOT_FOUND")
         assert message == refusal(missing)[2].replace(unknown, uid)
         request = session_pb2.GetSessionRequest(uid=uid)
-        assert await grpc_refusal(host.sessions.GetSession(request, metadata=bearer_metadata(CAROL))) == (
+        assert await call_outcome(host.sessions.GetSession(request, metadata=bearer_metadata(CAROL))) == (
             grpc.StatusCode.NOT_FOUND,
             message,
         )
@@ -128,7 +109,7 @@ async def test_repeated_authorization_headers_answer_as_grpc_does(tokens_file: s
         headers = httpx.Headers([("Authorization", f"Bearer {ALICE}"), ("Authorization", f"Bearer {BOB}")])
         over_http = await host.http.get(f"{API}/sessions/{uid}", headers=headers)
         metadata = (("authorization", f"Bearer {ALICE}"), ("authorization", f"Bearer {BOB}"))
-        code, _ = await grpc_refusal(
+        code, _ = await call_outcome(
             host.sessions.GetSession(session_pb2.GetSessionRequest(uid=uid), metadata=metadata)
         )
         expected = {grpc.StatusCode.OK: 200, grpc.StatusCode.UNAUTHENTICATED: 401}[code]

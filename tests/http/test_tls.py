@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from agentsessions.host.config import HostConfig
-from tests.http.conftest import ALICE, bearer, serving
+from tests.http.conftest import ALICE, bearer
 from tests.support.certs import Authority
+from tests.support.serving import serving
 
 
 def client_context(ca: Authority, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:

@@ -102,6 +102,12 @@ async def _drop_postgres(store: JournalStore, uid: str, seq: int) -> None:
         await conn.close()
 
 
+def _event_row(uid: str, record: common_pb2.LogRecord) -> tuple[str, int, str, str, int, bytes]:
+    """An ``events`` row's values: session, seq, prev_hash, hash, fence, event."""
+    event = record.event.SerializeToString()
+    return (uid, record.seq, record.prev_hash, record.content_hash, record.fence, event)
+
+
 async def _insert_memory(store: JournalStore, uid: str, record: common_pb2.LogRecord) -> None:
     cast(MemoryStore, store).insert_record(uid, record)
 
@@ -110,14 +116,7 @@ async def _insert_sqlite(store: JournalStore, uid: str, record: common_pb2.LogRe
     async with aiosqlite.connect(cast(SqliteStore, store).path, isolation_level=None) as db:
         await db.execute(
             "INSERT INTO events (session, seq, prev_hash, hash, fence, event) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                uid,
-                record.seq,
-                record.prev_hash,
-                record.content_hash,
-                record.fence,
-                record.event.SerializeToString(),
-            ),
+            _event_row(uid, record),
         )
 
 
@@ -127,12 +126,7 @@ async def _insert_postgres(store: JournalStore, uid: str, record: common_pb2.Log
         await conn.execute(
             "INSERT INTO events (session, seq, prev_hash, hash, fence, event) "
             "VALUES ($1, $2, $3, $4, $5, $6)",
-            uid,
-            record.seq,
-            record.prev_hash,
-            record.content_hash,
-            record.fence,
-            record.event.SerializeToString(),
+            *_event_row(uid, record),
         )
     finally:
         await conn.close()

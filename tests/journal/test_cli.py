@@ -22,6 +22,7 @@ from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2
 from tests.fixtures import GO_JOURNALS
 from tests.journal.pg import pg_server, pg_url
+from tests.support.host import text_output
 
 __all__ = ["pg_server", "pg_url"]
 
@@ -63,15 +64,6 @@ def fixture_files() -> list[Path]:
     return files
 
 
-def text_event(text: str) -> common_pb2.Event:
-    return common_pb2.Event(
-        kind=common_pb2.EVENT_OUTPUT,
-        message=common_pb2.Message(
-            role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text=text))]
-        ),
-    )
-
-
 def names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -85,7 +77,7 @@ async def seed(store: SqliteStore | PostgresStore) -> None:
     for uid in ("sess-a", "sess-b"):
         await store.create_session(SessionRow(uid=uid, project="p", harness="echo"))
         fence = await store.new_fence(uid)
-        await store.append(uid, [text_event(f"{uid} {i}") for i in range(5)], expected_head=0, fence=fence)
+        await store.append(uid, [text_output(f"{uid} {i}") for i in range(5)], expected_head=0, fence=fence)
     marker = common_pb2.Event(
         kind=common_pb2.EVENT_LIFECYCLE,
         lifecycle=common_pb2.Lifecycle(kind=common_pb2.Lifecycle.LIFECYCLE_FORK, detail="parent@3"),
@@ -108,7 +100,7 @@ def sql(path: Path, statement: str, params: Sequence[object] = ()) -> int:
 
 
 def tamper_sqlite(path: Path, uid: str, seq: int) -> None:
-    forged = text_event("forged").SerializeToString()
+    forged = text_output("forged").SerializeToString()
     changed = sql(path, "UPDATE events SET event = ? WHERE session = ? AND seq = ?", (forged, uid, seq))
     assert changed == 1
 

@@ -27,6 +27,7 @@ from agentsessions.host.journal.store import (
     TamperedError,
 )
 from agentsessions.v1 import common_pb2
+from tests.journal.journals import parked_turn
 from tests.journal.pg import pg_server, pg_url
 
 __all__ = ["pg_server", "pg_url"]
@@ -518,27 +519,35 @@ async def test_tampering_a_shared_prefix_is_caught_in_every_child(store: Postgre
 # -- schema upgrades -------------------------------------------------------------------------
 
 
-async def downgrade_to_version_2(url: str) -> None:
-    """Turn a fresh journal into what migrations 1 and 2 created."""
+async def execute_all(url: str, *statements: str) -> None:
+    """Run ``statements`` in order on a connection of their own."""
     conn = await asyncpg.connect(url)
     try:
-        await conn.execute("DROP TABLE journal_probe")
-        await conn.execute("ALTER TABLE sessions DROP COLUMN exec_projection")
-        await conn.execute("DELETE FROM schema_migrations WHERE version > 2")
+        for statement in statements:
+            await conn.execute(statement)
     finally:
         await conn.close()
+
+
+async def downgrade_to_version_2(url: str) -> None:
+    """Turn a fresh journal into what migrations 1 and 2 created."""
+    await execute_all(
+        url,
+        "DROP TABLE journal_probe",
+        "ALTER TABLE sessions DROP COLUMN exec_projection",
+        "DELETE FROM schema_migrations WHERE version > 2",
+    )
 
 
 async def downgrade_to_version_1(url: str) -> None:
     """Turn a fresh journal into what migration 1 alone created."""
     await downgrade_to_version_2(url)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("DROP INDEX sessions_base")
-        await conn.execute("ALTER TABLE sessions DROP COLUMN base_uid, DROP COLUMN base_seq")
-        await conn.execute("DELETE FROM schema_migrations WHERE version > 1")
-    finally:
-        await conn.close()
+    await execute_all(
+        url,
+        "DROP INDEX sessions_base",
+        "ALTER TABLE sessions DROP COLUMN base_uid, DROP COLUMN base_seq",
+        "DELETE FROM schema_migrations WHERE version > 1",
+    )
 
 
 async def test_a_version_1_journal_is_upgraded_in_place(pg_url: str) -> None:
@@ -589,23 +598,9 @@ async def test_close_commits_every_append_already_queued(pg_url: str) -> None:
 async def test_a_version_2_journal_gets_each_sessions_execution_state(pg_url: str) -> None:
     """Migration 3 folds every existing session's journal into its row once."""
     store = await PostgresStore.open(pg_url)
-    call = common_pb2.ToolCall(id="t1", tool="rm", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL)
     try:
         await store.create_session(SessionRow(uid="parked", project="p"))
-        await store.append(
-            "parked",
-            [
-                common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="x"),
-                common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, execution_id="x", tool=call),
-                common_pb2.Event(
-                    kind=common_pb2.EVENT_APPROVAL_REQUEST,
-                    execution_id="x",
-                    approval=common_pb2.ApprovalRequest(tool_call_id="t1"),
-                ),
-            ],
-            expected_head=0,
-            fence=0,
-        )
+        await store.append("parked", parked_turn(), expected_head=0, fence=0)
         await store.fork("parked", 2, [SessionRow(uid="kid", project="p")], fork_marker(2))
         await store.create_session(SessionRow(uid="empty", project="p"))
         before = {uid: await store.get_session(uid) for uid in ("parked", "kid", "empty")}

@@ -27,6 +27,7 @@ from agentsessions.host.journal import sqlite as sqlite_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from agentsessions.v1 import common_pb2
+from tests.journal.journals import parked_turn
 
 
 def inp(text: str) -> common_pb2.Event:
@@ -577,21 +578,7 @@ async def test_a_version_3_journal_gets_each_sessions_execution_state(tmp_path: 
     path = tmp_path / "v3.db"
     store = await SqliteStore.open(path)
     await store.create_session(SessionRow(uid="parked", project="p"))
-    call = common_pb2.ToolCall(id="t1", tool="rm", mediation=common_pb2.MEDIATION_REQUIRES_APPROVAL)
-    await store.append(
-        "parked",
-        [
-            common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="x"),
-            common_pb2.Event(kind=common_pb2.EVENT_TOOL_CALL, execution_id="x", tool=call),
-            common_pb2.Event(
-                kind=common_pb2.EVENT_APPROVAL_REQUEST,
-                execution_id="x",
-                approval=common_pb2.ApprovalRequest(tool_call_id="t1"),
-            ),
-        ],
-        expected_head=0,
-        fence=0,
-    )
+    await store.append("parked", parked_turn(), expected_head=0, fence=0)
     await store.create_session(SessionRow(uid="done", project="p"))
     await store.append(
         "done",

@@ -18,11 +18,3 @@ async def blocker_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harn
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     async with harness_process(serve_argv("tests.approvals.harnesses:BlockingHarness")) as proc:
         yield proc
-
-
-@pytest.fixture
-async def tooler_process(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HarnessProcess]:
-    """ToolHarness in its own process."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    async with harness_process(serve_argv("tests.approvals.harnesses:ToolHarness")) as proc:
-        yield proc

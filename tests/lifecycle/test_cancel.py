@@ -19,7 +19,7 @@ from tests.approvals.calls import StampTool, approve, get, journal, kinds, new_s
 from tests.approvals.harnesses import BlockingHarness
 from tests.approvals.raw_peer import Conversation, raw_peer
 from tests.lifecycle.streams import BackgroundExec
-from tests.support.host import HostUnderTest, running_host
+from tests.support.host import HostUnderTest, running_host, text_output
 from tests.support.processes import HarnessProcess
 
 K = common_pb2.EventKind
@@ -88,14 +88,7 @@ async def test_cancel_a_running_turn_of_a_harness_process(
 
 async def test_the_cancel_frame_on_the_wire(store: JournalStore) -> None:
     async def script(conversation: Conversation) -> None:
-        conversation.send(
-            common_pb2.Event(
-                kind=K.EVENT_OUTPUT,
-                message=common_pb2.Message(
-                    role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text="working"))]
-                ),
-            )
-        )
+        conversation.send(text_output("working"))
         frame = await conversation.recv()
         reason = frame.cancel.reason if frame is not None else ""
         conversation.send(

@@ -23,7 +23,7 @@ from tests.approvals.calls import StampTool, config, journal, kinds, new_session
 from tests.approvals.harnesses import BlockingHarness, ToolHarness
 from tests.approvals.raw_peer import Conversation, raw_peer
 from tests.lifecycle.streams import BackgroundExec
-from tests.support.host import HostUnderTest, running_host
+from tests.support.host import HostUnderTest, running_host, text_output
 from tests.support.processes import HarnessProcess
 
 K = common_pb2.EventKind
@@ -146,14 +146,7 @@ async def test_deleting_a_running_in_process_turn_cancels_it_first(store: Journa
 
 async def test_deleting_a_running_remote_turn_tells_the_harness(store: JournalStore) -> None:
     async def script(conversation: Conversation) -> None:
-        conversation.send(
-            common_pb2.Event(
-                kind=K.EVENT_OUTPUT,
-                message=common_pb2.Message(
-                    role="assistant", parts=[common_pb2.Part(text=common_pb2.TextPart(text="working"))]
-                ),
-            )
-        )
+        conversation.send(text_output("working"))
         await conversation.recv()
         conversation.send(common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="CANCELED")))
 

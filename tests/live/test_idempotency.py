@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from agentsessions.ext.v1 import live_pb2
-from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.harnesses import ToolHarness
@@ -28,15 +26,6 @@ from tests.live.world import (
 )
 
 K = common_pb2.EventKind
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 @pytest.fixture

@@ -6,13 +6,10 @@ and nothing is written."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
 
-from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.sdk import text_message
 from agentsessions.v1 import common_pb2, session_pb2
@@ -20,15 +17,6 @@ from tests.live.world import TEST_SETTINGS, ends, exec_request, inputs_in_order,
 
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 async def interrupted_session(store: JournalStore) -> str:

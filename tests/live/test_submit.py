@@ -6,15 +6,12 @@ host flag that lets plain Exec turns outlive their caller."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from agentsessions.ext.v1 import live_pb2
 from agentsessions.host.controller.live import LiveSettings
-from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.live.world import (
@@ -30,21 +27,6 @@ from tests.live.world import (
 
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def host(store: JournalStore) -> AsyncIterator[LiveHost]:
-    async with live_host(store) as h:
-        yield h
 
 
 async def test_submit_returns_once_admitted_and_the_turn_runs_with_no_caller(host: LiveHost) -> None:

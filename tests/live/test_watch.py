@@ -5,7 +5,7 @@ a deleted session ends its watches; bad requests answer before anything streams.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import grpc
@@ -15,26 +15,10 @@ from agentsessions.ext.v1 import live_pb2
 from agentsessions.host.controller.state import SessionView
 from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.sqlite import SqliteStore
-from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.live.world import WAIT_S, LiveHost, exec_request, live_host
 
 K = common_pb2.EventKind
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
-@pytest.fixture
-async def host(store: JournalStore) -> AsyncIterator[LiveHost]:
-    async with live_host(store) as h:
-        yield h
 
 
 async def run_turn(host: LiveHost, uid: str, text: str) -> list[common_pb2.LogRecord]:

@@ -3,21 +3,13 @@ every provider and adapter); bad ones fail before sending."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelError
 from agentsessions.sdk.harness import text_message
 from agentsessions.v1 import common_pb2
-from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
-
-
-@pytest.fixture
-def endpoint() -> Iterator[ScriptedEndpoint]:
-    with scripted_endpoint() as served:
-        yield served
+from tests.support.scripted_endpoint import Reply, ScriptedEndpoint
 
 
 def call(**params: str) -> common_pb2.ModelCall:

@@ -22,8 +22,8 @@ from agentsessions.client import SessionsClient
 from agentsessions.host.config import ConfigError, HostConfig, ModelTransportConfig
 from agentsessions.host.models.transport import retry_after_seconds
 from agentsessions.v1 import common_pb2
-from tests.security.conftest import serving
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
+from tests.support.serving import serving
 
 K = common_pb2.EventKind
 

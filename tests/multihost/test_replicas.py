@@ -10,6 +10,7 @@ the other and is fenced, and a session started on one replica continues on the o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import AsyncIterator
@@ -46,6 +47,20 @@ async def slow_harness() -> AsyncIterator[HarnessProcess]:
             os.environ["PYTHONPATH"] = saved
 
 
+@contextlib.asynccontextmanager
+async def started(hosts: list[HostProcess], *, thaw: bool = False) -> AsyncIterator[None]:
+    """The hosts started, and closed afterwards (``thaw``: a stopped one is continued first)."""
+    try:
+        for h in hosts:
+            await h.start()
+        yield
+    finally:
+        for h in hosts:
+            if thaw and h.process is not None and h.process.returncode is None:
+                h.process.send_signal(signal.SIGCONT)
+            await h.close()
+
+
 @pytest.fixture
 async def replicas(
     pg_url: str, slow_harness: HarnessProcess, tmp_path: Path
@@ -54,13 +69,8 @@ async def replicas(
         HostProcess(pg_url, tmp_path, ["--harness", f"slow={slow_harness.address}"], name=name)
         for name in ("host-a", "host-b")
     ]
-    try:
-        for h in hosts:
-            await h.start()
+    async with started(hosts):
         yield hosts
-    finally:
-        for h in hosts:
-            await h.close()
 
 
 def turn(uid: str, text: str, delay_s: float = 0.0) -> session_pb2.ExecRequest:
@@ -149,15 +159,8 @@ async def short_lease_replicas(
 ) -> AsyncIterator[list[HostProcess]]:
     args = ["--harness", f"slow={slow_harness.address}", "--lease-ttl", "1"]
     hosts = [HostProcess(pg_url, tmp_path, args, name=name) for name in ("host-a", "host-b")]
-    try:
-        for h in hosts:
-            await h.start()
+    async with started(hosts, thaw=True):
         yield hosts
-    finally:
-        for h in hosts:
-            if h.process is not None and h.process.returncode is None:
-                h.process.send_signal(signal.SIGCONT)
-            await h.close()
 
 
 async def test_a_frozen_writer_is_recovered_elsewhere_and_fenced(

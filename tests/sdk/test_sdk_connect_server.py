@@ -27,6 +27,7 @@ from agentsessions.sdk import (
 )
 from agentsessions.sdk.server import HarnessServicer, start_server
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+from tests.sdk.receipts import decided_receipts
 
 SESSION = "sess-1"
 EXECUTION = "0123456789abcdef"
@@ -155,38 +156,32 @@ async def test_echo_turn_follows_the_raw_transcript() -> None:
     assert harness.start.execution_id == EXECUTION
 
 
-async def test_first_frame_must_be_start() -> None:
+@pytest.mark.parametrize(
+    ("opening", "detail"),
+    [
+        (lambda host: host.send(model_reply("x", "y")), "first ControllerFrame must be Start"),
+        (
+            lambda host: host.send(
+                harness_pb2.ControllerFrame(session=SESSION, start=harness_pb2.Start()), stamp=False
+            ),
+            "Start frame requires execution_id",
+        ),
+        (lambda host: host.call.done_writing(), None),
+    ],
+    ids=["first-frame-must-be-start", "start-requires-execution-id", "host-closing-before-start"],
+)
+async def test_a_stream_without_a_valid_start_is_refused(
+    opening: Callable[[Host], Awaitable[object]], detail: str | None
+) -> None:
     harness = ScriptedHarness(echo_script)
     async with serving(harness) as stub:
         host = Host(stub)
-        await host.send(model_reply("x", "y"))
+        await opening(host)
         with pytest.raises(grpc.aio.AioRpcError) as failure:
             await host.recv()
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "first ControllerFrame must be Start" in (failure.value.details() or "")
-    assert harness.runs == 0
-
-
-async def test_start_requires_execution_id() -> None:
-    harness = ScriptedHarness(echo_script)
-    async with serving(harness) as stub:
-        host = Host(stub)
-        await host.send(harness_pb2.ControllerFrame(session=SESSION, start=harness_pb2.Start()), stamp=False)
-        with pytest.raises(grpc.aio.AioRpcError) as failure:
-            await host.recv()
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "Start frame requires execution_id" in (failure.value.details() or "")
-    assert harness.runs == 0
-
-
-async def test_host_closing_before_start_is_refused() -> None:
-    harness = ScriptedHarness(echo_script)
-    async with serving(harness) as stub:
-        host = Host(stub)
-        await host.call.done_writing()
-        with pytest.raises(grpc.aio.AioRpcError) as failure:
-            await host.recv()
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    if detail is not None:
+        assert detail in (failure.value.details() or "")
     assert harness.runs == 0
 
 
@@ -212,6 +207,21 @@ def failing_then_sticky(recorder: Recorder, effect: Callable[[EventSink], Awaita
                 recorder.errors.append(second)
             raise
         raise AssertionError("the effect should have failed")
+
+    return script
+
+
+def recording(
+    recorder: Recorder, error_type: type[Exception], effect: Callable[[EventSink], Awaitable[object]]
+) -> Script:
+    """A script whose effect fails with ``error_type``, which it records and raises."""
+
+    async def script(start: Start, sink: EventSink) -> None:
+        try:
+            await effect(sink)
+        except error_type as exc:
+            recorder.errors.append(exc)
+            raise
 
     return script
 
@@ -502,15 +512,7 @@ def receipt(
     return harness_pb2.ControllerFrame(tool=result)
 
 
-@pytest.mark.parametrize(
-    ("approved", "code", "is_error"),
-    [
-        (True, Code.CODE_UNSPECIFIED, False),
-        (True, Code.EXECUTOR_ERROR, True),
-        (False, Code.APPROVAL_DENIED, True),
-    ],
-    ids=["success", "executor-error", "denied"],
-)
+@decided_receipts
 async def test_decided_approval_is_served_as_a_receipt(
     approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
 ) -> None:
@@ -566,14 +568,7 @@ async def test_malformed_approval_replies_fail_the_call(
     frames: list[harness_pb2.ControllerFrame], message: str
 ) -> None:
     recorder = Recorder()
-
-    async def script(start: Start, sink: EventSink) -> None:
-        try:
-            await sink.tool_call(approval_call())
-        except ProtocolError as exc:
-            recorder.errors.append(exc)
-            raise
-
+    script = recording(recorder, ProtocolError, lambda sink: sink.tool_call(approval_call()))
     async with serving(ScriptedHarness(script)) as stub:
         host = Host(stub)
         await host.start()
@@ -602,14 +597,7 @@ async def test_forged_receipt_report_is_refused_and_sticky() -> None:
 
 async def test_cancel_interrupts_a_blocked_call_and_ends_canceled() -> None:
     recorder = Recorder()
-
-    async def script(start: Start, sink: EventSink) -> None:
-        try:
-            await sink.model(common_pb2.ModelCall(model="m"))
-        except ExecutionCancelledError as exc:
-            recorder.errors.append(exc)
-            raise
-
+    script = recording(recorder, ExecutionCancelledError, model_effect)
     async with serving(ScriptedHarness(script)) as stub:
         host = Host(stub)
         await host.start()
@@ -712,17 +700,13 @@ async def test_without_a_hook_the_next_sink_call_hears_the_cancel() -> None:
     recorder = Recorder()
     proceed = asyncio.Event()
 
-    async def script(start: Start, sink: EventSink) -> None:
+    async def effect(sink: EventSink) -> object:
         await sink.output("working")
         async with asyncio.timeout(10):
             await proceed.wait()
-        try:
-            await sink.model(common_pb2.ModelCall(model="m"))
-        except ExecutionCancelledError as exc:
-            recorder.errors.append(exc)
-            raise
+        return await model_effect(sink)
 
-    async with serving(ScriptedHarness(script)) as stub:
+    async with serving(ScriptedHarness(recording(recorder, ExecutionCancelledError, effect))) as stub:
         host = Host(stub)
         await host.start()
         await host.recv()

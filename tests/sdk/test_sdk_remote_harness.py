@@ -30,6 +30,7 @@ from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledErro
 from agentsessions.sdk.harness import EventSink, Start, text_message
 from agentsessions.sdk.testing import HarnessEnvironment, HostTool, ScriptedSink
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
+from tests.sdk.receipts import decided_receipts
 
 SESSION = "sess-1"
 # The test environment's first execution (its journal is seeded with one earlier INPUT).
@@ -498,15 +499,7 @@ def failing_deploy(args: dict[str, object]) -> object:
     raise ToolError("deploy target is down")
 
 
-@pytest.mark.parametrize(
-    ("approved", "code", "is_error"),
-    [
-        (True, Code.CODE_UNSPECIFIED, False),
-        (True, Code.EXECUTOR_ERROR, True),
-        (False, Code.APPROVAL_DENIED, True),
-    ],
-    ids=["success", "executor-error", "denied"],
-)
+@decided_receipts
 async def test_decided_approval_sends_decision_then_receipt(
     approved: bool, code: common_pb2.ToolResult.Code.ValueType, is_error: bool
 ) -> None:

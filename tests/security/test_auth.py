@@ -25,7 +25,9 @@ from agentsessions.sdk.server import HarnessServer, start_server
 from agentsessions.sdk.tls import ClientTLS, open_channel
 from agentsessions.v1 import common_pb2, harness_registry_pb2, harness_registry_pb2_grpc, session_pb2
 from tests.approvals.harnesses import ToolHarness
-from tests.security.conftest import PKI, free_port, serving
+from tests.security.conftest import PKI, free_port
+from tests.support.outcome import call_outcome
+from tests.support.serving import serving
 
 ALICE = "alice-token-0123456789"  # writer in default
 BOB = "bob-token-0123456789ab"  # reader in other
@@ -96,14 +98,10 @@ def client(address: str, token: str | None) -> SessionsClient:
 
 
 async def status_of(call: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        result = call
-        if hasattr(result, "__aiter__"):
-            async for _ in result:
-                pass
-        else:
-            await result
-    return caught.value.code(), caught.value.details() or ""
+    """How a call that must fail failed."""
+    code, details = await call_outcome(call)
+    assert code != grpc.StatusCode.OK, "the call succeeded"
+    return code, details
 
 
 async def drain(updates: AsyncIterator[session_pb2.ExecUpdate]) -> list[session_pb2.ExecUpdate]:

@@ -13,7 +13,7 @@ from grpc import aio
 from agentsessions.client import SessionsClient
 from agentsessions.ext.v1 import subagents_pb2, subagents_pb2_grpc
 from agentsessions.host.config import HostConfig
-from tests.security.conftest import serving
+from tests.support.serving import serving
 
 WRITER = "writer-token-0123456789"
 READER = "reader-token-0123456789"

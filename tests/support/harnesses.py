@@ -10,7 +10,8 @@ from agentsessions.sdk import EventSink, Start, text_message
 from agentsessions.v1 import common_pb2, harness_pb2
 
 
-def _descriptor(harness_id: str) -> harness_pb2.HarnessDescriptor:
+def descriptor(harness_id: str) -> harness_pb2.HarnessDescriptor:
+    """A test harness's descriptor: version 1, the echo model, stateless replay."""
     return harness_pb2.HarnessDescriptor(
         id=harness_id,
         version="1",
@@ -23,7 +24,7 @@ class ProbeHarness:
     """Reports the Start it received as one OUTPUT (JSON), then asks the model to echo."""
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return _descriptor("probe")
+        return descriptor("probe")
 
     async def run(self, start: Start, sink: EventSink) -> None:
         seen = {
@@ -47,7 +48,7 @@ class GateHarness:
         self.release = asyncio.Event()
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return _descriptor("gate")
+        return descriptor("gate")
 
     async def run(self, start: Start, sink: EventSink) -> None:
         self.entered.set()
@@ -61,7 +62,7 @@ class SlowEchoHarness:
     records are durable, then echoes: keeps a turn in flight long enough to race another host."""
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
-        return _descriptor("slow-echo")
+        return descriptor("slow-echo")
 
     async def run(self, start: Start, sink: EventSink) -> None:
         delay = float(json.loads(start.config or b"{}").get("delay_s", 0))

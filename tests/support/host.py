@@ -55,6 +55,14 @@ def text_input(text: str) -> common_pb2.Message:
     return common_pb2.Message(role="user", parts=[common_pb2.Part(text=common_pb2.TextPart(text=text))])
 
 
+def text_output(text: str) -> common_pb2.Event:
+    """An OUTPUT event: the assistant's ``text``."""
+    part = common_pb2.Part(text=common_pb2.TextPart(text=text))
+    return common_pb2.Event(
+        kind=common_pb2.EVENT_OUTPUT, message=common_pb2.Message(role="assistant", parts=[part])
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_host(
     store: JournalStore,

@@ -15,11 +15,12 @@ from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 Script = Callable[[harness_pb2.ControllerFrame], list[common_pb2.Event]]
 
 
-class ScriptedHarnessServicer(harness_pb2_grpc.HarnessServicer):
-    def __init__(self, script: Script, harness_id: str = "raw") -> None:
-        self.script = script
+class RawHarnessServicer(harness_pb2_grpc.HarnessServicer):
+    """A raw harness's Describe: ``harness_id`` at version 1, stateless replay. Subclasses script
+    Connect."""
+
+    def __init__(self, harness_id: str = "raw") -> None:
         self.harness_id = harness_id
-        self.starts: list[harness_pb2.ControllerFrame] = []
 
     async def Describe(
         self, request: harness_pb2.DescribeRequest, context: aio.ServicerContext
@@ -29,6 +30,31 @@ class ScriptedHarnessServicer(harness_pb2_grpc.HarnessServicer):
             version="1",
             capabilities=harness_pb2.Capabilities(resumability=harness_pb2.RESUMABILITY_STATELESS_REPLAY),
         )
+
+
+@contextlib.asynccontextmanager
+async def serve_harness(
+    servicer: harness_pb2_grpc.HarnessServicer | None = None, handler: grpc.GenericRpcHandler | None = None
+) -> AsyncIterator[str]:
+    """Serve ``servicer`` (or a generic ``handler``) on a loopback port; yields its address."""
+    server = aio.server()
+    if servicer is not None:
+        harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
+    if handler is not None:
+        server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+class ScriptedHarnessServicer(RawHarnessServicer):
+    def __init__(self, script: Script, harness_id: str = "raw") -> None:
+        super().__init__(harness_id)
+        self.script = script
+        self.starts: list[harness_pb2.ControllerFrame] = []
 
     async def Connect(
         self, request_iterator: AsyncIterator[harness_pb2.ControllerFrame], context: aio.ServicerContext
@@ -43,14 +69,8 @@ class ScriptedHarnessServicer(harness_pb2_grpc.HarnessServicer):
 async def scripted_harness(script: Script) -> AsyncIterator[tuple[str, ScriptedHarnessServicer]]:
     """Serve a scripted harness on a loopback port; yields (address, servicer)."""
     servicer = ScriptedHarnessServicer(script)
-    server = aio.server()
-    harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}", servicer
-    finally:
-        await server.stop(None)
+    async with serve_harness(servicer) as address:
+        yield address, servicer
 
 
 # -- bytes on the wire -----------------------------------------------------------------------------
@@ -116,11 +136,5 @@ def start_ids(start: bytes) -> tuple[str, str]:
 @contextlib.asynccontextmanager
 async def wire_harness(harness: WireHarness) -> AsyncIterator[str]:
     """Serve ``harness`` on a loopback port; yields its address."""
-    server = aio.server()
-    server.add_generic_rpc_handlers((harness.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+    async with serve_harness(handler=harness.handler()) as address:
+        yield address

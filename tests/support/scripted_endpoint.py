@@ -8,10 +8,11 @@ what reached the provider and check the waits between retries. A request beyond 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,32 +52,33 @@ class Received:
     at: float  # time.monotonic() on arrival
 
 
-class ScriptedEndpoint:
-    def __init__(self, replies: Sequence[Reply] = ()) -> None:
-        self._lock = threading.Lock()
-        self._script = list(replies)
-        self._received: list[Received] = []
-        endpoint = self
+class ChatEndpoint:
+    """The loopback HTTP server: each POST's JSON body goes to ``answer`` (on the server's thread,
+    which may block), and the :class:`Reply` it returns is sent as the request asked (plain JSON
+    or server-sent events)."""
 
+    def __init__(self, answer: Callable[[dict[str, Any]], Reply]) -> None:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
-                reply = endpoint._next(body)
+                reply = answer(body)
                 if reply.drop:
                     self.close_connection = True
                     return
                 payload, content_type = _payload(reply, stream=bool(body.get("stream")))
-                self.send_response(reply.status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(payload)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(payload)
-                self.wfile.flush()
+                # A caller that went away (a killed host) leaves its answer undelivered.
+                with contextlib.suppress(OSError):
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(payload)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    self.wfile.flush()
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
@@ -84,6 +86,29 @@ class ScriptedEndpoint:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Serve from a thread of this process for the duration of the block."""
+        thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            thread.join(timeout=10)
+
+
+class ScriptedEndpoint:
+    def __init__(self, replies: Sequence[Reply] = ()) -> None:
+        self._lock = threading.Lock()
+        self._script = list(replies)
+        self._received: list[Received] = []
+        self.http = ChatEndpoint(self._next)
+        self.base_url = self.http.base_url
 
     def _next(self, body: dict[str, Any]) -> Reply:
         with self._lock:
@@ -136,13 +161,5 @@ def _payload(reply: Reply, *, stream: bool) -> tuple[bytes, str]:
 def scripted_endpoint(*replies: Reply) -> Iterator[ScriptedEndpoint]:
     """Serve a :class:`ScriptedEndpoint` from a thread for the duration of the block."""
     endpoint = ScriptedEndpoint(replies)
-    thread = threading.Thread(
-        target=endpoint._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    try:
+    with endpoint.http.serving():
         yield endpoint
-    finally:
-        endpoint._server.shutdown()
-        endpoint._server.server_close()
-        thread.join(timeout=10)

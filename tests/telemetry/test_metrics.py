@@ -6,7 +6,7 @@ from typing import Any
 
 from agentsessions.client import SessionsClient
 from agentsessions.host.config import HostConfig
-from tests.security.conftest import serving
+from tests.support.serving import serving
 from tests.telemetry.conftest import Telemetry
 
 Points = dict[tuple[str, frozenset[tuple[str, Any]]], float]

@@ -7,8 +7,8 @@ import pytest
 
 from agentsessions.client import SessionsClient
 from agentsessions.host.config import HostConfig
-from tests.security.conftest import serving
 from tests.support.scripted_endpoint import Reply, scripted_endpoint
+from tests.support.serving import serving
 from tests.telemetry.conftest import Telemetry
 from tests.telemetry.test_metrics import added, points
 

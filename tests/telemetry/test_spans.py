@@ -19,7 +19,7 @@ from agentsessions.host.tools.executor import ToolContext
 from agentsessions.sdk.server import start_server
 from agentsessions.v1 import session_pb2
 from tests.approvals.harnesses import ToolHarness
-from tests.security.conftest import serving
+from tests.support.serving import serving
 from tests.telemetry.conftest import Telemetry
 
 SECRET = "classified-payload-7d1e"

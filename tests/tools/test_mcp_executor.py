@@ -20,21 +20,10 @@ from agentsessions.host.tools import (
     parse_mcp_server_flag,
 )
 from agentsessions.v1 import common_pb2
+from tests.tools.receipts import DictReceiptStore
 
 SERVER = Path(__file__).with_name("mcp_tool_server.py")
 SESSION = "sess-0000000000000000000000aa"
-
-
-class DictReceiptStore:
-    def __init__(self) -> None:
-        self.receipts: dict[tuple[str, str], bytes] = {}
-
-    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> common_pb2.ToolResult | None:
-        raw = self.receipts.get((uid, idempotency_key))
-        return None if raw is None else common_pb2.ToolResult.FromString(raw)
-
-    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
-        self.receipts.setdefault((uid, idempotency_key), result.SerializeToString())
 
 
 def server_executor(env: dict[str, str] | None = None) -> McpExecutor:

@@ -28,6 +28,7 @@ from agentsessions.host.tools import (
     UnmediatedToolCallError,
 )
 from agentsessions.v1 import common_pb2
+from tests.tools.receipts import DictReceiptStore
 
 SESSION = "sess-000000000000000000000001"
 
@@ -60,20 +61,6 @@ async def async_note(args: dict[str, Any], context: ToolContext) -> common_pb2.T
 def explode(args: dict[str, Any], context: ToolContext) -> None:
     EFFECTS.append(("explode", None))
     raise RuntimeError("disk on fire")
-
-
-class DictReceiptStore:
-    """The two receipt methods of JournalStore, over a dict (first put wins)."""
-
-    def __init__(self) -> None:
-        self.receipts: dict[tuple[str, str], bytes] = {}
-
-    async def get_tool_receipt(self, uid: str, idempotency_key: str) -> common_pb2.ToolResult | None:
-        raw = self.receipts.get((uid, idempotency_key))
-        return None if raw is None else common_pb2.ToolResult.FromString(raw)
-
-    async def put_tool_receipt(self, uid: str, idempotency_key: str, result: common_pb2.ToolResult) -> None:
-        self.receipts.setdefault((uid, idempotency_key), result.SerializeToString())
 
 
 class CrashBeforeReceiptStore(DictReceiptStore):

@@ -8,6 +8,7 @@ The model provider's key is read from the environment only (never argv), so it n
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import re
@@ -179,13 +180,11 @@ class HostConfig:
     def _check_live(self) -> None:
         if self.recover_attempts < 1:
             raise ConfigError(f"--recover-attempts {self.recover_attempts} must be at least 1")
-        for flag, value in (
+        _check_positive_seconds(
             ("--recover-backoff", self.recover_backoff_seconds),
             ("--lease-ttl", self.lease_ttl_seconds),
             ("--idempotency-retention", self.idempotency_retention_seconds),
-        ):
-            if not value > 0:
-                raise ConfigError(f"{flag} {value:g} must be a positive number of seconds")
+        )
 
     def _check_tls(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -230,22 +229,12 @@ class HostConfig:
     def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> HostConfig:
         """Resolve each setting as flag, else ``AGENTSESSIONS_<NAME>``, else the default."""
 
-        def pick(attr: str, default: str) -> str:
-            value: str | None = getattr(args, attr, None)
-            if value is not None:
-                return value
-            return environ.get(ENV_PREFIX + attr.upper(), default)
-
-        grace_text = pick("drain_grace", str(DEFAULT_DRAIN_GRACE_SECONDS))
-        try:
-            grace = float(grace_text)
-        except ValueError:
-            raise ConfigError(f"--drain-grace {grace_text!r} is not a number of seconds") from None
-        age_text = pick("harness_describe_max_age", str(DEFAULT_DESCRIBE_MAX_AGE_SECONDS))
-        try:
-            describe_max_age = float(age_text)
-        except ValueError:
-            raise ConfigError(f"--harness-describe-max-age {age_text!r} is not a number of seconds") from None
+        pick = functools.partial(_setting, args, environ)
+        grace = _seconds("--drain-grace", pick("drain_grace", str(DEFAULT_DRAIN_GRACE_SECONDS)))
+        describe_max_age = _seconds(
+            "--harness-describe-max-age",
+            pick("harness_describe_max_age", str(DEFAULT_DESCRIBE_MAX_AGE_SECONDS)),
+        )
 
         flag_harnesses: list[str] | None = getattr(args, "harness", None)
         if flag_harnesses:
@@ -379,16 +368,10 @@ class _LiveOptions(TypedDict):
 
 
 def _live_from_sources(args: argparse.Namespace, environ: Mapping[str, str]) -> _LiveOptions:
-    def pick(attr: str, default: str) -> str:
-        value: str | None = getattr(args, attr, None)
-        return value if value is not None else environ.get(ENV_PREFIX + attr.upper(), default)
+    pick = functools.partial(_setting, args, environ)
 
     def number(flag: str, attr: str, default: float) -> float:
-        text = pick(attr, str(default))
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"{flag} {text!r} is not a number of seconds") from None
+        return _seconds(flag, pick(attr, str(default)))
 
     mode = pick("recover", "on").lower()
     if mode not in RECOVER_MODES:
@@ -411,6 +394,25 @@ def _live_from_sources(args: argparse.Namespace, environ: Mapping[str, str]) -> 
         ),
         detach_exec=detach,
     )
+
+
+def _setting(args: argparse.Namespace, environ: Mapping[str, str], attr: str, default: str) -> str:
+    """A setting's text: its flag, else ``AGENTSESSIONS_<ATTR>``, else ``default``."""
+    value: str | None = getattr(args, attr, None)
+    return value if value is not None else environ.get(ENV_PREFIX + attr.upper(), default)
+
+
+def _seconds(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a number of seconds") from None
+
+
+def _check_positive_seconds(*settings: tuple[str, float]) -> None:
+    for flag, value in settings:
+        if not value > 0:
+            raise ConfigError(f"{flag} {value:g} must be a positive number of seconds")
 
 
 def _check_file(flag: str, path: str) -> None:
@@ -831,13 +833,11 @@ class ModelTransportConfig:
     max_attempts: int = 4
 
     def __post_init__(self) -> None:
-        for flag, value in (
+        _check_positive_seconds(
             ("--model-connect-timeout", self.connect_timeout),
             ("--model-read-timeout", self.read_timeout),
             ("--model-timeout", self.timeout),
-        ):
-            if not value > 0:
-                raise ConfigError(f"{flag} {value:g} must be a positive number of seconds")
+        )
         if self.max_attempts < 1:
             raise ConfigError(f"--model-max-attempts {self.max_attempts} must be at least 1")
 
@@ -845,8 +845,7 @@ class ModelTransportConfig:
     def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> ModelTransportConfig:
         values: dict[str, float | int] = {}
         for flag, attr, default, integer, _ in _MODEL_TRANSPORT_FLAGS:
-            given: str | None = getattr(args, attr, None)
-            text = given if given is not None else environ.get(ENV_PREFIX + attr.upper(), str(default))
+            text = _setting(args, environ, attr, str(default))
             try:
                 values[attr] = int(text) if integer else float(text)
             except ValueError:

@@ -684,7 +684,7 @@ class _History:
             event = history[index]
             blob = event.SerializeToString()
             encoded += _HISTORY_TAG
-            encoded += _varint(len(blob))
+            encoded += protowire.varint(len(blob))
             encoded += blob
             ends.append(len(encoded))
             self.last = event
@@ -738,22 +738,13 @@ class _HistoryEncoder:
         return entry
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _start_frame(
     envelope: harness_pb2.ControllerFrame, body: harness_pb2.Start, history: bytes | memoryview
 ) -> bytes:
     """A ControllerFrame{start} on the wire: the envelope, then Start with its encoded history
     appended (a parser merges fields in any order, so this reads as one ordinary Start)."""
     start = b"".join((body.SerializeToString(), history))
-    return b"".join((envelope.SerializeToString(), _START_TAG, _varint(len(start)), start))
+    return b"".join((envelope.SerializeToString(), _START_TAG, protowire.varint(len(start)), start))
 
 
 def _frame_bytes(frame: harness_pb2.ControllerFrame | bytes) -> bytes:

@@ -49,15 +49,22 @@ def _unary(behavior: Behavior, around: Around) -> Behavior:
 def _stream(behavior: Behavior, around: Around) -> Behavior:
     async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         async with around(context):
-            responses = behavior(request, context)
-            if inspect.isawaitable(responses):
-                # A handler that writes with context.write() and returns nothing.
-                responses = await responses
-            if hasattr(responses, "__aiter__"):
-                async for response in responses:
-                    yield response
-            elif responses is not None:
-                for response in responses:
-                    yield response
+            async for response in responses_of(behavior, request, context):
+                yield response
 
     return serve
+
+
+async def responses_of(behavior: Behavior, request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+    """A response-streaming behavior's responses, in whichever form it gives them: an async
+    iterator, an iterable, or none at all (it wrote them with ``context.write()``)."""
+    responses = behavior(request, context)
+    if inspect.isawaitable(responses):
+        # A handler that writes with context.write() and returns nothing.
+        responses = await responses
+    if hasattr(responses, "__aiter__"):
+        async for response in responses:
+            yield response
+    elif responses is not None:
+        for response in responses:
+            yield response

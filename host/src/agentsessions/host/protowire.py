@@ -6,6 +6,9 @@ parsing message with type ...: String field had bad UTF-8"); a client needs to k
 types, lengths, UTF-8 in string fields, nesting depth) and names the first field that breaks a
 rule, as a path such as ``inputs[0].parts[1].text.text``. It is only asked about bytes the runtime
 already refused, so it need not be fast; it never raises.
+
+``varint`` is the encoding's one writer by hand: the length prefixes of the frames the host sends
+pre-encoded (``ExecUpdate`` records, Start frames with their history).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Final
 
 from google.protobuf import descriptor as d
 
-__all__ = ["MAX_DEPTH", "Fault", "explain", "fault"]
+__all__ = ["MAX_DEPTH", "Fault", "explain", "fault", "varint"]
 
 # The protobuf runtime's default recursion limit (upb and the C++ parser): nested messages beyond
 # it do not decode.
@@ -52,6 +55,16 @@ class _Broken(Exception):
         super().__init__(rule)
         self.path = list(path)
         self.rule = rule
+
+
+def varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf varint (7 bits a byte, least significant first)."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def fault(descriptor: d.Descriptor, data: bytes, max_depth: int = MAX_DEPTH) -> Fault | None:

@@ -12,6 +12,19 @@ from agentsessions.v1 import common_pb2
 DENIED_MESSAGE = "Tool execution denied by approval decision."
 
 
+def denied_receipt(call_id: str, request_seq: int, decision_seq: int) -> common_pb2.ToolResult:
+    """The receipt of a call its decision denied: APPROVAL_DENIED with ``DENIED_MESSAGE``."""
+    return common_pb2.ToolResult(
+        id=call_id,
+        is_error=True,
+        code=common_pb2.ToolResult.APPROVAL_DENIED,
+        error=DENIED_MESSAGE,
+        content=[common_pb2.Part(text=common_pb2.TextPart(text=DENIED_MESSAGE))],
+        approval_request_seq=request_seq,
+        approval_decision_seq=decision_seq,
+    )
+
+
 def host_owned_receipt_field(result: common_pb2.ToolResult) -> str | None:
     """The name of the host-owned approval field a result carries, or None when it carries none."""
     if result.approval_request_seq != 0:

@@ -42,6 +42,15 @@ class ApprovalParkedError(SinkError):
         )
         self.ref = ref
 
+    @classmethod
+    def at(cls, execution_id: str, tool_call_id: str, request_seq: int) -> ApprovalParkedError:
+        """Parked at the approval request ``request_seq`` for ``tool_call_id``."""
+        return cls(
+            common_pb2.ApprovalRef(
+                execution_id=execution_id, tool_call_id=tool_call_id, request_seq=request_seq
+            )
+        )
+
 
 class ToolError(Exception):
     """Raised by an in-harness tool to report a failed result (``is_error``, the message as

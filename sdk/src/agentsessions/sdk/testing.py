@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.sdk import convert
-from agentsessions.sdk.approval import DENIED_MESSAGE, host_owned_receipt_field
+from agentsessions.sdk.approval import denied_receipt, host_owned_receipt_field
 from agentsessions.sdk.errors import (
     ApprovalParkedError,
     ExecutionCancelledError,
@@ -46,6 +46,7 @@ from agentsessions.sdk.errors import (
 from agentsessions.sdk.execution import tool_result_of
 from agentsessions.sdk.harness import Harness, Start, message_text, require_harness
 from agentsessions.sdk.inputhash import model_input_hash
+from agentsessions.sdk.recorded import Effect, pair_effects, recorded_completion
 from agentsessions.sdk.types import Message, ModelCall, ModelResult, Part, TextPart, ToolCall, ToolResult
 from agentsessions.v1 import common_pb2, harness_pb2
 
@@ -96,16 +97,6 @@ class ReplayReport:
     model_calls: int
     outputs: list[str]
     recorded_results_served: int
-
-
-@dataclass
-class _Effect:
-    kind: str  # "model" | "output" | "tool" | "report"
-    call: common_pb2.Event
-    reply: common_pb2.Event | None = None
-    usage: common_pb2.Event | None = None
-    request_seq: int = 0
-    decision: tuple[int, common_pb2.Event] | None = None
 
 
 class HarnessEnvironment:
@@ -431,48 +422,10 @@ class HarnessEnvironment:
         execution_id = starts[-1][1].execution_id
         return execution_id if self._end_state(execution_id) is None else None
 
-    def _effects(self, execution_id: str) -> list[_Effect]:
+    def _effects(self, execution_id: str) -> list[Effect]:
         """The execution's recorded effects, paired as the host pairs them."""
-        effects: list[_Effect] = []
-        tools: dict[str, _Effect] = {}
-        pending_model: _Effect | None = None
-        answered: _Effect | None = None
-        for index, event in enumerate(self.events):
-            if event.execution_id != execution_id:
-                continue
-            kind = event.kind
-            if kind == K.EVENT_USAGE:
-                if answered is not None and answered.usage is None:
-                    answered.usage = event
-                answered = None
-                continue
-            answered = None
-            if kind == K.EVENT_MODEL_CALL:
-                pending_model = _Effect("model", event)
-                effects.append(pending_model)
-            elif kind == K.EVENT_OUTPUT:
-                if pending_model is not None and pending_model.reply is None:
-                    pending_model.reply = event
-                    answered = pending_model
-                else:
-                    effects.append(_Effect("output", event))
-                pending_model = None
-            elif kind == K.EVENT_TOOL_CALL:
-                pending_model = None
-                tools[event.tool.id] = _Effect("tool", event)
-                effects.append(tools[event.tool.id])
-            elif kind == K.EVENT_APPROVAL_REQUEST:
-                tools[event.approval.tool_call_id].request_seq = index + 1
-            elif kind == K.EVENT_APPROVAL_RESULT:
-                tools[event.approval_result.tool_call_id].decision = (index + 1, event)
-            elif kind == K.EVENT_TOOL_RESULT:
-                pending_model = None
-                owner = tools.get(event.result.id)
-                if owner is not None and owner.reply is None:
-                    owner.reply = event
-                else:
-                    effects.append(_Effect("report", event))
-        return effects
+        records = ((i + 1, e) for i, e in enumerate(self.events) if e.execution_id == execution_id)
+        return pair_effects(records)[0]
 
     async def _next_reply(self, call: ModelCall) -> ModelResult:
         script = self._model
@@ -522,7 +475,7 @@ class ScriptedSink:
         self,
         env: HarnessEnvironment,
         execution_id: str,
-        effects: list[_Effect],
+        effects: list[Effect],
         *,
         live: bool,
         crash_after: int | None = None,
@@ -560,7 +513,7 @@ class ScriptedSink:
     def _diverge(self, why: str) -> ReplayDiverged:
         return ReplayDiverged(f"execution {self.execution_id}: {why}")
 
-    def _next(self, wanted: str) -> _Effect | None:
+    def _next(self, wanted: str) -> Effect | None:
         if self.cursor >= len(self.effects):
             if not self.live:
                 raise self._diverge(f"the harness asked for an unrecorded {wanted} during replay")
@@ -598,11 +551,8 @@ class ScriptedSink:
                     raise self._diverge(f"model call {self._model_index} differs from the live one: {detail}")
                 if effect.reply is not None:
                     self.cursor += 1
-                    served = harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
-                    self._last_usage = None
-                    if effect.usage is not None:
-                        served.usage.CopyFrom(effect.usage.usage)
-                        self._last_usage = served.usage
+                    served = recorded_completion(effect.reply, effect.usage, call.id)
+                    self._last_usage = None if effect.usage is None else served.usage
                     return served
                 if self.cursor != len(self.effects) - 1 or not self.live:
                     raise self._diverge("recorded completion missing")
@@ -680,7 +630,7 @@ class ScriptedSink:
                 intent = common_pb2.ToolCall()
                 intent.CopyFrom(call)
                 self._record(common_pb2.Event(kind=K.EVENT_TOOL_CALL, tool=intent))
-                effect = _Effect("tool", common_pb2.Event(tool=intent))
+                effect = Effect("tool", common_pb2.Event(tool=intent))
                 self.effects.append(effect)
             else:
                 recorded = convert.tool_call_from_proto(effect.call.tool)
@@ -690,8 +640,8 @@ class ScriptedSink:
                     raise self._diverge(f"tool call {call.id!r} differs from the recorded intent: {changed}")
                 if effect.reply is not None:
                     self.cursor += 1
-                    if effect.decision is not None:
-                        self._decisions[call.id] = effect.decision[1].approval_result
+                    if effect.approval_result is not None:
+                        self._decisions[call.id] = effect.approval_result[1].approval_result
                     return effect.reply.result
                 if not self.live:
                     raise self._diverge(f"tool call {call.id!r} has no recorded result")
@@ -702,38 +652,27 @@ class ScriptedSink:
                 return result
             return await self._gate(call, effect)
 
-    async def _gate(self, call: common_pb2.ToolCall, effect: _Effect) -> common_pb2.ToolResult:
-        if effect.request_seq == 0:
+    async def _gate(self, call: common_pb2.ToolCall, effect: Effect) -> common_pb2.ToolResult:
+        if effect.approval_request is None:
             reason = self._reasons.pop(call.id, "")
-            effect.request_seq = self._record(
-                common_pb2.Event(
-                    kind=K.EVENT_APPROVAL_REQUEST,
-                    approval=common_pb2.ApprovalRequest(tool_call_id=call.id, reason=reason),
-                )
+            request = common_pb2.Event(
+                kind=K.EVENT_APPROVAL_REQUEST,
+                approval=common_pb2.ApprovalRequest(tool_call_id=call.id, reason=reason),
             )
-        if effect.decision is None:
-            self.parked = ApprovalParkedError(
-                common_pb2.ApprovalRef(
-                    execution_id=self.execution_id, tool_call_id=call.id, request_seq=effect.request_seq
-                )
-            )
+            effect.approval_request = (self._record(request), request)
+        request_seq = effect.approval_request[0]
+        if effect.approval_result is None:
+            self.parked = ApprovalParkedError.at(self.execution_id, call.id, request_seq)
             raise self.parked
-        decision_seq, decision_event = effect.decision
-        decision = decision_event.approval_result
-        self._decisions[call.id] = decision
-        if decision.approved:
+        decision_seq, decision_event = effect.approval_result
+        self._decisions[call.id] = decision_event.approval_result
+        if decision_event.approval_result.approved:
             result = await self.env._run_host_tool(call)
             result.code = K.ToolResult.EXECUTOR_ERROR if result.is_error else K.ToolResult.CODE_UNSPECIFIED
+            result.approval_request_seq = request_seq
+            result.approval_decision_seq = decision_seq
         else:
-            result = common_pb2.ToolResult(
-                id=call.id,
-                is_error=True,
-                code=K.ToolResult.APPROVAL_DENIED,
-                error=DENIED_MESSAGE,
-                content=[common_pb2.Part(text=common_pb2.TextPart(text=DENIED_MESSAGE))],
-            )
-        result.approval_request_seq = effect.request_seq
-        result.approval_decision_seq = decision_seq
+            result = denied_receipt(call.id, request_seq, decision_seq)
         self._record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=result))
         return result
 

@@ -7,6 +7,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
+from agentsessions.sdk.recorded import Effect as Effect  # re-exported: the controller reads effects from here
+from agentsessions.sdk.recorded import MalformedEffectsError, pair_effects
 from agentsessions.v1 import common_pb2
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
@@ -34,18 +36,6 @@ _EXECUTION_KINDS = frozenset(
         K.EVENT_ERROR,
     )
 )
-
-
-@dataclass
-class Effect:
-    """One recorded effect of an execution, as the harness's sink call would consume it."""
-
-    kind: str  # "model" | "output" | "tool" | "report"
-    call: common_pb2.Event  # MODEL_CALL, OUTPUT, TOOL_CALL or TOOL_RESULT (report)
-    reply: common_pb2.Event | None = None  # OUTPUT of a model call, TOOL_RESULT of a tool call
-    approval_request: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_REQUEST)
-    approval_result: tuple[int, common_pb2.Event] | None = None  # (seq, APPROVAL_RESULT)
-    usage: common_pb2.Event | None = None  # the USAGE journaled right after a model call's OUTPUT
 
 
 @dataclass
@@ -161,66 +151,10 @@ def latest_execution(executions: list[Execution]) -> Execution | None:
 
 
 def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[list[Effect], int]:
-    """The execution's effect stream and its number of USAGE records.
-
-    MODEL_CALL pairs with the OUTPUT that follows it; TOOL_CALL with its approval records and
-    the TOOL_RESULT carrying its id; a lone OUTPUT is direct output and a lone TOOL_RESULT a
-    harness report. USAGE is accounting, not an effect: the one right after a model call's OUTPUT
-    is that call's (served with it), the others are counted; ERROR and END are not effects.
-    """
-    effects: list[Effect] = []
-    usage = 0
-    open_tools: dict[str, Effect] = {}
-    pending_model: Effect | None = None
-    answered_model: Effect | None = None  # the model effect whose OUTPUT was the last record
-    for index in ex.indexes:
-        ev = events[index]
-        kind = ev.kind
-        if kind == K.EVENT_USAGE and answered_model is not None:
-            answered_model.usage = ev
-            answered_model = None
-            continue
-        answered_model = None
-        if kind == K.EVENT_MODEL_CALL:
-            pending_model = Effect("model", ev)
-            effects.append(pending_model)
-            continue
-        if kind == K.EVENT_OUTPUT:
-            if pending_model is not None and pending_model.reply is None:
-                pending_model.reply = ev
-                answered_model = pending_model
-            else:
-                effects.append(Effect("output", ev))
-            pending_model = None
-            continue
-        if kind in (K.EVENT_INPUT, K.EVENT_END, K.EVENT_ERROR, K.EVENT_EXECUTION_START):
-            continue
-        pending_model = None
-        if kind == K.EVENT_USAGE:
-            usage += 1
-        elif kind == K.EVENT_TOOL_CALL:
-            call_id = ev.tool.id
-            if call_id in open_tools:
-                raise InvalidExecutionLogError(f"record {index + 1}: tool call id {call_id!r} reused")
-            eff = Effect("tool", ev)
-            open_tools[call_id] = eff
-            effects.append(eff)
-        elif kind == K.EVENT_APPROVAL_REQUEST:
-            eff_or_none = open_tools.get(ev.approval.tool_call_id)
-            if eff_or_none is None or eff_or_none.approval_request is not None:
-                raise InvalidExecutionLogError(f"record {index + 1}: approval request without its tool call")
-            eff_or_none.approval_request = (index + 1, ev)
-        elif kind == K.EVENT_APPROVAL_RESULT:
-            eff_or_none = open_tools.get(ev.approval_result.tool_call_id)
-            if eff_or_none is None or eff_or_none.approval_request is None:
-                raise InvalidExecutionLogError(f"record {index + 1}: approval decision without a request")
-            if eff_or_none.approval_result is None:
-                eff_or_none.approval_result = (index + 1, ev)
-        elif kind == K.EVENT_TOOL_RESULT:
-            eff_or_none = open_tools.get(ev.result.id)
-            if eff_or_none is not None and eff_or_none.reply is None:
-                eff_or_none.reply = ev
-                del open_tools[ev.result.id]
-            else:
-                effects.append(Effect("report", ev))
-    return effects, usage
+    """The execution's effect stream and its number of USAGE records that are not a model
+    call's (``agentsessions.sdk.recorded.pair_effects``); a journal whose records do not pair is
+    an InvalidExecutionLogError."""
+    try:
+        return pair_effects((index + 1, events[index]) for index in ex.indexes)
+    except MalformedEffectsError as exc:
+        raise InvalidExecutionLogError(str(exc)) from None

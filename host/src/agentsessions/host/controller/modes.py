@@ -51,6 +51,7 @@ from agentsessions.host.controller.approval_policy import (
 )
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
+from agentsessions.host.tools.executor import error_result
 from agentsessions.host.tools.profile import ToolProfile
 from agentsessions.sdk.modes import (
     ALLOW_EDITS,
@@ -140,14 +141,9 @@ class Verdict:
             "reason": self.reason,
             "needs_approval": needs_approval,
         }
-        return common_pb2.ToolResult(
-            id=call.id,
-            is_error=True,
-            code=common_pb2.ToolResult.EXECUTOR_ERROR,
-            error=message,
-            content=[common_pb2.Part(text=common_pb2.TextPart(text=message))],
-            output=python_to_struct({"refused": detail}),
-        )
+        refused = error_result(call, message)
+        refused.output.CopyFrom(python_to_struct({"refused": detail}))
+        return refused
 
 
 def judge(

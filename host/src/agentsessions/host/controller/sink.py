@@ -44,9 +44,10 @@ from agentsessions.host.controller.tools import ToolInvoker, check_host_call, ch
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.host.tools.task import is_task_call
-from agentsessions.sdk.approval import DENIED_MESSAGE
+from agentsessions.sdk.approval import denied_receipt
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
+from agentsessions.sdk.recorded import recorded_completion
 from agentsessions.v1 import common_pb2, harness_pb2
 
 log = logging.getLogger(__name__)
@@ -195,11 +196,8 @@ class ExecutionSink:
                     raise self._diverge(_input_mismatch(self._model_calls, recorded, call))
                 if effect.reply is not None:
                     self._cursor += 1
-                    served = harness_pb2.ModelResult(message=effect.reply.message, model_call_id=call.id)
-                    self._last_usage = None
-                    if effect.usage is not None:
-                        served.usage.CopyFrom(effect.usage.usage)
-                        self._last_usage = served.usage
+                    served = recorded_completion(effect.reply, effect.usage, call.id)
+                    self._last_usage = None if effect.usage is None else served.usage
                     return served
                 if self._cursor != len(self._recorded) - 1 or not self._live or not self._redrive_model:
                     raise self._diverge("recorded completion missing")
@@ -422,25 +420,13 @@ class ExecutionSink:
                 rec = await self._record(decided)
                 effect.approval_result = (rec.seq, rec.event)
         if effect.approval_result is None:
-            self.parked = ApprovalParkedError(
-                common_pb2.ApprovalRef(
-                    execution_id=self.execution_id, tool_call_id=call.id, request_seq=request_seq
-                )
-            )
+            self.parked = ApprovalParkedError.at(self.execution_id, call.id, request_seq)
             raise self.parked
         decision_seq, decision_event = effect.approval_result
         decision = decision_event.approval_result
         self._decisions[call.id] = decision
         if not decision.approved:
-            receipt = common_pb2.ToolResult(
-                id=call.id,
-                is_error=True,
-                code=common_pb2.ToolResult.APPROVAL_DENIED,
-                error=DENIED_MESSAGE,
-                content=[common_pb2.Part(text=common_pb2.TextPart(text=DENIED_MESSAGE))],
-                approval_request_seq=request_seq,
-                approval_decision_seq=decision_seq,
-            )
+            receipt = denied_receipt(call.id, request_seq, decision_seq)
             await self._record(common_pb2.Event(kind=K.EVENT_TOOL_RESULT, result=receipt))
             return receipt
         return await self._execute(

@@ -27,6 +27,16 @@ import asyncpg
 
 from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.live import PARKED, RETRY, RUNNING, KeyRecord, Lease, QueuedTurn
+from agentsessions.host.journal.sqlrows import (
+    KEY_COLUMNS,
+    LEASE_COLUMNS,
+    QUEUE_COLUMNS,
+    key_of,
+    key_row,
+    lease_of,
+    lease_row,
+    queued_of,
+)
 
 __all__ = ["CHANNEL", "PostgresListener", "PostgresLiveStatements", "create_live_tables"]
 
@@ -141,14 +151,6 @@ _TRIGGERS: Final = (
     ),
 )
 
-_LEASE_COLUMNS: Final = (
-    "session, execution_id, state, owner, expires_at, attempts, next_at, seen_seq, last_error, cancel_reason"
-)
-_KEY_COLUMNS: Final = (
-    "scope, key, method, digest, state, session, execution_id, result, created_at, expires_at"
-)
-_QUEUE_COLUMNS: Final = "session, position, execution_id, request, submitter, created_at"
-
 
 async def create_live_tables(conn: Any) -> None:
     """The live tables and their triggers, if they are not there yet (one transaction, under an
@@ -165,49 +167,8 @@ async def create_live_tables(conn: Any) -> None:
                 await conn.execute(f"CREATE TRIGGER {name} {definition}")
 
 
-def _lease(rec: Any) -> Lease:
-    return Lease(
-        session=str(rec["session"]),
-        execution_id=str(rec["execution_id"]),
-        state=str(rec["state"]),
-        owner=str(rec["owner"]),
-        expires_at_ns=int(rec["expires_at"]),
-        attempts=int(rec["attempts"]),
-        next_at_ns=int(rec["next_at"]),
-        seen_seq=int(rec["seen_seq"]),
-        last_error=str(rec["last_error"]),
-        cancel_reason=None if rec["cancel_reason"] is None else str(rec["cancel_reason"]),
-    )
-
-
-def _key(rec: Any) -> KeyRecord:
-    return KeyRecord(
-        scope=str(rec["scope"]),
-        key=str(rec["key"]),
-        method=str(rec["method"]),
-        digest=str(rec["digest"]),
-        state=str(rec["state"]),
-        session=str(rec["session"]),
-        execution_id=str(rec["execution_id"]),
-        result=str(rec["result"]),
-        created_at_ns=int(rec["created_at"]),
-        expires_at_ns=int(rec["expires_at"]),
-    )
-
-
-def _queued(rec: Any) -> QueuedTurn:
-    return QueuedTurn(
-        str(rec["session"]),
-        int(rec["position"]),
-        str(rec["execution_id"]),
-        bytes(rec["request"]),
-        str(rec["submitter"]),
-        int(rec["created_at"]),
-    )
-
-
 def _leases(recs: Sequence[Any]) -> list[Lease]:
-    return [_lease(r) for r in recs]
+    return [lease_of(r) for r in recs]
 
 
 class PostgresLiveStatements:
@@ -217,16 +178,16 @@ class PostgresLiveStatements:
 
     async def lease_get(self, uid: str, execution_id: str) -> Lease | None:
         rec = await self._conn.fetchrow(
-            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = $1 AND execution_id = $2 FOR UPDATE",
+            f"SELECT {LEASE_COLUMNS} FROM live_leases WHERE session = $1 AND execution_id = $2 FOR UPDATE",
             uid,
             execution_id,
         )
-        return None if rec is None else _lease(rec)
+        return None if rec is None else lease_of(rec)
 
     async def lease_put(self, lease: Lease, now_ns: int) -> None:
         await self._conn.execute(
             f"""
-            INSERT INTO live_leases ({_LEASE_COLUMNS}, updated_at)
+            INSERT INTO live_leases ({LEASE_COLUMNS}, updated_at)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             ON CONFLICT (session, execution_id) DO UPDATE SET
                 state = EXCLUDED.state, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at,
@@ -234,37 +195,17 @@ class PostgresLiveStatements:
                 last_error = EXCLUDED.last_error, cancel_reason = EXCLUDED.cancel_reason,
                 updated_at = EXCLUDED.updated_at
             """,
-            lease.session,
-            lease.execution_id,
-            lease.state,
-            lease.owner,
-            lease.expires_at_ns,
-            lease.attempts,
-            lease.next_at_ns,
-            lease.seen_seq,
-            lease.last_error,
-            lease.cancel_reason,
-            now_ns,
+            *lease_row(lease, now_ns),
         )
 
     async def lease_add(self, lease: Lease, now_ns: int) -> bool:
         inserted = await self._conn.fetchval(
             f"""
-            INSERT INTO live_leases ({_LEASE_COLUMNS}, updated_at)
+            INSERT INTO live_leases ({LEASE_COLUMNS}, updated_at)
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
             ON CONFLICT (session, execution_id) DO NOTHING RETURNING 1
             """,
-            lease.session,
-            lease.execution_id,
-            lease.state,
-            lease.owner,
-            lease.expires_at_ns,
-            lease.attempts,
-            lease.next_at_ns,
-            lease.seen_seq,
-            lease.last_error,
-            lease.cancel_reason,
-            now_ns,
+            *lease_row(lease, now_ns),
         )
         return inserted is not None
 
@@ -284,7 +225,7 @@ class PostgresLiveStatements:
 
     async def leases_of(self, uid: str) -> list[Lease]:
         recs = await self._conn.fetch(
-            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = $1 ORDER BY execution_id", uid
+            f"SELECT {LEASE_COLUMNS} FROM live_leases WHERE session = $1 ORDER BY execution_id", uid
         )
         return _leases(recs)
 
@@ -292,7 +233,7 @@ class PostgresLiveStatements:
         recs = await self._conn.fetch(
             f"""
             UPDATE live_leases SET expires_at = $1, updated_at = $2 WHERE owner = $3 AND state = $4
-            RETURNING {_LEASE_COLUMNS}
+            RETURNING {LEASE_COLUMNS}
             """,
             expires_at_ns,
             now_ns,
@@ -302,7 +243,7 @@ class PostgresLiveStatements:
         return _leases(recs)
 
     async def lease_candidates(self, now_ns: int, local_prefix: str, limit: int) -> list[Lease]:
-        columns = ", ".join(f"l.{c.strip()}" for c in _LEASE_COLUMNS.split(","))
+        columns = ", ".join(f"l.{c.strip()}" for c in LEASE_COLUMNS.split(","))
         recs = await self._conn.fetch(
             f"""
             SELECT {columns} FROM live_leases AS l LEFT JOIN sessions AS s ON s.uid = l.session
@@ -323,50 +264,32 @@ class PostgresLiveStatements:
 
     async def key_get(self, scope: str, key: str) -> KeyRecord | None:
         rec = await self._conn.fetchrow(
-            f"SELECT {_KEY_COLUMNS} FROM live_idempotency WHERE scope = $1 AND key = $2 FOR UPDATE",
+            f"SELECT {KEY_COLUMNS} FROM live_idempotency WHERE scope = $1 AND key = $2 FOR UPDATE",
             scope,
             key,
         )
-        return None if rec is None else _key(rec)
+        return None if rec is None else key_of(rec)
 
     async def key_put(self, record: KeyRecord) -> None:
         await self._conn.execute(
             f"""
-            INSERT INTO live_idempotency ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            INSERT INTO live_idempotency ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             ON CONFLICT (scope, key) DO UPDATE SET
                 method = EXCLUDED.method, digest = EXCLUDED.digest, state = EXCLUDED.state,
                 session = EXCLUDED.session, execution_id = EXCLUDED.execution_id,
                 result = EXCLUDED.result, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
             """,
-            record.scope,
-            record.key,
-            record.method,
-            record.digest,
-            record.state,
-            record.session,
-            record.execution_id,
-            record.result,
-            record.created_at_ns,
-            record.expires_at_ns,
+            *key_row(record),
         )
 
     async def key_add(self, record: KeyRecord, now_ns: int) -> KeyRecord | None:
         # A concurrent insert of the same key waits here until that transaction ends.
         inserted = await self._conn.fetchval(
             f"""
-            INSERT INTO live_idempotency ({_KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+            INSERT INTO live_idempotency ({KEY_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
             ON CONFLICT (scope, key) DO NOTHING RETURNING 1
             """,
-            record.scope,
-            record.key,
-            record.method,
-            record.digest,
-            record.state,
-            record.session,
-            record.execution_id,
-            record.result,
-            record.created_at_ns,
-            record.expires_at_ns,
+            *key_row(record),
         )
         if inserted is not None:
             return None
@@ -385,9 +308,9 @@ class PostgresLiveStatements:
 
     async def queue_list(self, uid: str) -> list[QueuedTurn]:
         recs = await self._conn.fetch(
-            f"SELECT {_QUEUE_COLUMNS} FROM live_queue WHERE session = $1 ORDER BY position", uid
+            f"SELECT {QUEUE_COLUMNS} FROM live_queue WHERE session = $1 ORDER BY position", uid
         )
-        return [_queued(r) for r in recs]
+        return [queued_of(r) for r in recs]
 
     async def queue_insert(
         self, uid: str, execution_id: str, request: bytes, submitter: str, now_ns: int
@@ -399,7 +322,7 @@ class PostgresLiveStatements:
         )
         entry = QueuedTurn(uid, int(last) + 1, execution_id, request, submitter, now_ns)
         await self._conn.execute(
-            f"INSERT INTO live_queue ({_QUEUE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)",
+            f"INSERT INTO live_queue ({QUEUE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)",
             entry.session,
             entry.position,
             entry.execution_id,

@@ -8,10 +8,19 @@ inside its ``BEGIN IMMEDIATE`` transaction, like every other write.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from agentsessions.host.journal.live import PARKED, RETRY, RUNNING, KeyRecord, Lease, QueuedTurn
+from agentsessions.host.journal.sqlrows import (
+    KEY_COLUMNS,
+    LEASE_COLUMNS,
+    QUEUE_COLUMNS,
+    key_of,
+    key_row,
+    lease_of,
+    lease_row,
+    queued_of,
+)
 
 __all__ = ["SqliteLiveStatements", "create_live_tables"]
 
@@ -61,14 +70,6 @@ _DDL: Final = (
     """,
 )
 
-_LEASE_COLUMNS: Final = (
-    "session, execution_id, state, owner, expires_at, attempts, next_at, seen_seq, last_error, cancel_reason"
-)
-_KEY_COLUMNS: Final = (
-    "scope, key, method, digest, state, session, execution_id, result, created_at, expires_at"
-)
-_QUEUE_COLUMNS: Final = "session, position, execution_id, request, submitter, created_at"
-
 
 def create_live_tables(db: sqlite3.Connection) -> None:
     """On the writer's thread, when the store opens: the live tables, if they are not there yet."""
@@ -82,40 +83,6 @@ def create_live_tables(db: sqlite3.Connection) -> None:
         raise
 
 
-def _lease(rec: Sequence[Any]) -> Lease:
-    return Lease(
-        session=str(rec[0]),
-        execution_id=str(rec[1]),
-        state=str(rec[2]),
-        owner=str(rec[3]),
-        expires_at_ns=int(rec[4]),
-        attempts=int(rec[5]),
-        next_at_ns=int(rec[6]),
-        seen_seq=int(rec[7]),
-        last_error=str(rec[8]),
-        cancel_reason=None if rec[9] is None else str(rec[9]),
-    )
-
-
-def _key(rec: Sequence[Any]) -> KeyRecord:
-    return KeyRecord(
-        scope=str(rec[0]),
-        key=str(rec[1]),
-        method=str(rec[2]),
-        digest=str(rec[3]),
-        state=str(rec[4]),
-        session=str(rec[5]),
-        execution_id=str(rec[6]),
-        result=str(rec[7]),
-        created_at_ns=int(rec[8]),
-        expires_at_ns=int(rec[9]),
-    )
-
-
-def _queued(rec: Sequence[Any]) -> QueuedTurn:
-    return QueuedTurn(str(rec[0]), int(rec[1]), str(rec[2]), bytes(rec[3]), str(rec[4]), int(rec[5]))
-
-
 class SqliteLiveStatements:
     """Mixed into the SQLite dialect's transaction (whose writer connection is ``_db``)."""
 
@@ -123,28 +90,16 @@ class SqliteLiveStatements:
 
     async def lease_get(self, uid: str, execution_id: str) -> Lease | None:
         rec = self._db.execute(
-            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = ? AND execution_id = ?",
+            f"SELECT {LEASE_COLUMNS} FROM live_leases WHERE session = ? AND execution_id = ?",
             (uid, execution_id),
         ).fetchone()
-        return None if rec is None else _lease(rec)
+        return None if rec is None else lease_of(rec)
 
     async def lease_put(self, lease: Lease, now_ns: int) -> None:
         self._db.execute(
-            f"INSERT OR REPLACE INTO live_leases ({_LEASE_COLUMNS}, updated_at) "
+            f"INSERT OR REPLACE INTO live_leases ({LEASE_COLUMNS}, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                lease.session,
-                lease.execution_id,
-                lease.state,
-                lease.owner,
-                lease.expires_at_ns,
-                lease.attempts,
-                lease.next_at_ns,
-                lease.seen_seq,
-                lease.last_error,
-                lease.cancel_reason,
-                now_ns,
-            ),
+            lease_row(lease, now_ns),
         )
 
     async def lease_add(self, lease: Lease, now_ns: int) -> bool:
@@ -167,9 +122,9 @@ class SqliteLiveStatements:
 
     async def leases_of(self, uid: str) -> list[Lease]:
         recs = self._db.execute(
-            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE session = ? ORDER BY execution_id", (uid,)
+            f"SELECT {LEASE_COLUMNS} FROM live_leases WHERE session = ? ORDER BY execution_id", (uid,)
         ).fetchall()
-        return [_lease(r) for r in recs]
+        return [lease_of(r) for r in recs]
 
     async def lease_renew(self, owner: str, expires_at_ns: int, now_ns: int) -> list[Lease]:
         db = self._db
@@ -178,12 +133,12 @@ class SqliteLiveStatements:
             (expires_at_ns, now_ns, owner, RUNNING),
         )
         recs = db.execute(
-            f"SELECT {_LEASE_COLUMNS} FROM live_leases WHERE owner = ? AND state = ?", (owner, RUNNING)
+            f"SELECT {LEASE_COLUMNS} FROM live_leases WHERE owner = ? AND state = ?", (owner, RUNNING)
         ).fetchall()
-        return [_lease(r) for r in recs]
+        return [lease_of(r) for r in recs]
 
     async def lease_candidates(self, now_ns: int, local_prefix: str, limit: int) -> list[Lease]:
-        columns = ", ".join(f"l.{c.strip()}" for c in _LEASE_COLUMNS.split(","))
+        columns = ", ".join(f"l.{c.strip()}" for c in LEASE_COLUMNS.split(","))
         recs = self._db.execute(
             f"""
             SELECT {columns} FROM live_leases AS l LEFT JOIN sessions AS s ON s.session = l.session
@@ -207,29 +162,18 @@ class SqliteLiveStatements:
                 limit,
             ),
         ).fetchall()
-        return [_lease(r) for r in recs]
+        return [lease_of(r) for r in recs]
 
     async def key_get(self, scope: str, key: str) -> KeyRecord | None:
         rec = self._db.execute(
-            f"SELECT {_KEY_COLUMNS} FROM live_idempotency WHERE scope = ? AND key = ?", (scope, key)
+            f"SELECT {KEY_COLUMNS} FROM live_idempotency WHERE scope = ? AND key = ?", (scope, key)
         ).fetchone()
-        return None if rec is None else _key(rec)
+        return None if rec is None else key_of(rec)
 
     async def key_put(self, record: KeyRecord) -> None:
         self._db.execute(
-            f"INSERT OR REPLACE INTO live_idempotency ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.scope,
-                record.key,
-                record.method,
-                record.digest,
-                record.state,
-                record.session,
-                record.execution_id,
-                record.result,
-                record.created_at_ns,
-                record.expires_at_ns,
-            ),
+            f"INSERT OR REPLACE INTO live_idempotency ({KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            key_row(record),
         )
 
     async def key_add(self, record: KeyRecord, now_ns: int) -> KeyRecord | None:
@@ -248,9 +192,9 @@ class SqliteLiveStatements:
 
     async def queue_list(self, uid: str) -> list[QueuedTurn]:
         recs = self._db.execute(
-            f"SELECT {_QUEUE_COLUMNS} FROM live_queue WHERE session = ? ORDER BY position", (uid,)
+            f"SELECT {QUEUE_COLUMNS} FROM live_queue WHERE session = ? ORDER BY position", (uid,)
         ).fetchall()
-        return [_queued(r) for r in recs]
+        return [queued_of(r) for r in recs]
 
     async def queue_insert(
         self, uid: str, execution_id: str, request: bytes, submitter: str, now_ns: int
@@ -261,7 +205,7 @@ class SqliteLiveStatements:
         ).fetchone()
         entry = QueuedTurn(uid, int(last) + 1, execution_id, request, submitter, now_ns)
         db.execute(
-            f"INSERT INTO live_queue ({_QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO live_queue ({QUEUE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
             (entry.session, entry.position, entry.execution_id, entry.request, submitter, now_ns),
         )
         return entry

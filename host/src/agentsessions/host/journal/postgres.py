@@ -29,9 +29,9 @@ import asyncpg
 from agentsessions.host.journal import PostgresURLError, execstate, redact_url, validate_postgres_url
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
-from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.live_postgres import PostgresLiveStatements, create_live_tables
-from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.sqlrows import head_projection, session_values
 from agentsessions.host.journal.store import (
     ConflictError,
     JournalUnavailableError,
@@ -327,7 +327,7 @@ class _Transaction(PostgresLiveStatements):
                 str(r["compute_state"]),
                 int(r["last_seq"]),
                 str(r["last_hash"]),
-                _head_projection(r["exec_projection"]),
+                head_projection(r["exec_projection"]),
             )
         return out
 
@@ -351,13 +351,13 @@ class _Transaction(PostgresLiveStatements):
         )
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
-        columns = list(zip(*(_row_params(s) for s in sessions), strict=True))
+        columns = list(zip(*(session_values(s) for s in sessions), strict=True))
         await self._conn.execute(_INSERT_SESSIONS, *(list(c) for c in columns))
 
     async def insert_session_if_new(self, session: NewSession) -> bool:
         inserted = await self._conn.fetchval(
             _INSERT_SESSIONS + " ON CONFLICT (uid) DO NOTHING RETURNING uid",
-            *([c] for c in _row_params(session)),
+            *([c] for c in session_values(session)),
         )
         return inserted is not None
 
@@ -737,39 +737,6 @@ async def _migrate(conn: Any, shown: str, *, apply: bool) -> None:
                     migration.version,
                     migration.name,
                 )
-
-
-def _json_map(value: Mapping[str, str]) -> str:
-    return json.dumps(dict(value), sort_keys=True, separators=(",", ":"))
-
-
-def _row_params(new: NewSession) -> tuple[Any, ...]:
-    row = new.row
-    return (
-        row.uid,
-        row.project,
-        row.name,
-        row.harness,
-        row.model,
-        _json_map(row.labels),
-        _json_map(row.annotations),
-        None if row.origin is None else row.origin.SerializeToString(deterministic=True),
-        None if row.identity is None else row.identity.SerializeToString(deterministic=True),
-        row.parent_uid,
-        row.fork_seq,
-        row.create_time_ns,
-        row.update_time_ns,
-        row.compute_state,
-        new.fence,
-        row.last_seq,
-        new.last_hash,
-        None if row.exec_projection is None else row.exec_projection.encode(),
-    )
-
-
-def _head_projection(text: str | None) -> ExecProjection:
-    found = execstate.decode(text)
-    return UNKNOWN_EXEC if found is None else found
 
 
 def _decode_map(value: Any) -> dict[str, str]:

@@ -29,16 +29,16 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DEFAULT_MAX_BATCH, DialectStore, WriterStats
-from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.live_sqlite import SqliteLiveStatements, create_live_tables
-from agentsessions.host.journal.rules import UNKNOWN_EXEC, ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
+from agentsessions.host.journal.sqlrows import head_projection, session_values
 from agentsessions.host.journal.store import (
     ConflictError,
     JournalUnavailableError,
@@ -203,43 +203,6 @@ _T = TypeVar("_T")
 
 
 # -- row encoding ------------------------------------------------------------------------------
-
-
-def _json_map(value: Mapping[str, str]) -> str:
-    return json.dumps(dict(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _row_params(new: NewSession) -> tuple[Any, ...]:
-    row = new.row
-    return (
-        row.uid,
-        row.project,
-        row.name,
-        row.harness,
-        row.model,
-        _json_map(row.labels),
-        _json_map(row.annotations),
-        None if row.origin is None else row.origin.SerializeToString(),
-        None if row.identity is None else row.identity.SerializeToString(),
-        row.parent_uid,
-        row.fork_seq,
-        row.create_time_ns,
-        row.update_time_ns,
-        row.compute_state,
-        new.fence,
-        row.last_seq,
-        new.last_hash,
-        _projection_text(row.exec_projection),
-    )
-
-
-def _projection_text(projection: ExecProjection | None) -> str | None:
-    return None if projection is None else projection.encode()
-
-
-def _head_projection(text: str | None) -> ExecProjection:
-    found = execstate.decode(text)
-    return UNKNOWN_EXEC if found is None else found
 
 
 def _json_object(text: str) -> dict[str, str]:
@@ -435,7 +398,7 @@ class _Transaction(SqliteLiveStatements):
                 out[uid] = SessionHead(uid)
             else:
                 out[uid] = SessionHead(
-                    uid, True, bool(rec[0]), rec[1], rec[2], rec[3], rec[4], _head_projection(rec[5])
+                    uid, True, bool(rec[0]), rec[1], rec[2], rec[3], rec[4], head_projection(rec[5])
                 )
         return out
 
@@ -452,11 +415,13 @@ class _Transaction(SqliteLiveStatements):
         )
 
     async def insert_sessions(self, sessions: Sequence[NewSession]) -> None:
-        self._db.executemany(_INSERT_ROW, [_row_params(s) for s in sessions])
+        self._db.executemany(_INSERT_ROW, [session_values(s) for s in sessions])
 
     async def insert_session_if_new(self, session: NewSession) -> bool:
         return (
-            self._db.execute(_INSERT_ROW + " ON CONFLICT (session) DO NOTHING", _row_params(session)).rowcount
+            self._db.execute(
+                _INSERT_ROW + " ON CONFLICT (session) DO NOTHING", session_values(session)
+            ).rowcount
             == 1
         )
 

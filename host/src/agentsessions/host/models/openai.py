@@ -245,17 +245,7 @@ def _decode_json(model: str, raw: bytes) -> JSON:
 
 
 def _status_message(model: str, status: int, raw: bytes) -> str:
-    detail = ""
-    try:
-        decoded = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        decoded = None
-    if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict):
-        message = decoded["error"].get("message")
-        if isinstance(message, str):
-            detail = message
-    if not detail:
-        detail = raw.decode("utf-8", "replace").strip()
-        if len(detail) > 200:
-            detail = detail[:200] + "..."
+    from agentsessions.host.models.transport import error_detail  # loaded with the provider's transport
+
+    detail = error_detail(raw)
     return f"model {model}: HTTP {status}" + (f": {detail}" if detail else "")

@@ -22,6 +22,7 @@ from grpc import aio
 
 from agentsessions.host import protowire
 from agentsessions.host.controller.errors import InvalidArgumentError
+from agentsessions.host.interception import responses_of
 from agentsessions.host.service.status import status_of
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -93,14 +94,7 @@ def _checked_stream(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, aio.S
     async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, Undecodable):
             await _refuse(context, request)
-        responses = behavior(request, context)
-        if inspect.isawaitable(responses):
-            responses = await responses
-        if hasattr(responses, "__aiter__"):
-            async for response in responses:
-                yield response
-        elif responses is not None:
-            for response in responses:
-                yield response
+        async for response in responses_of(behavior, request, context):
+            yield response
 
     return serve

@@ -17,7 +17,7 @@ from typing import NoReturn, TypeVar
 import grpc
 from grpc import aio
 
-from agentsessions.host import callcontext
+from agentsessions.host import callcontext, protowire
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.controller import Controller
@@ -251,16 +251,7 @@ def add_to_server(servicer: SessionsServicer, server: aio.Server) -> None:
 def _record_frame(record: common_pb2.LogRecord) -> bytes:
     """``ExecUpdate{record}`` on the wire: the record's encoding behind the field's tag and length."""
     body = record.SerializeToString()
-    return b"".join((_RECORD_TAG, _varint(len(body)), body))
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return b"".join((_RECORD_TAG, protowire.varint(len(body)), body))
 
 
 def _frame_bytes(frame: session_pb2.ExecUpdate | bytes) -> bytes:
