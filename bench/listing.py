@@ -16,7 +16,6 @@ see the machine at the same moments; best of the rounds:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import platform
 import sqlite3
@@ -28,19 +27,15 @@ from typing import Final
 
 from grpc import aio
 
-from agentsessions.harnesses.echo import EchoHarness
-from agentsessions.host.controller.controller import Controller
-from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
 from agentsessions.host.controller.turns import ExecParams
-from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.journal import decode_page_token, open_store
 from agentsessions.host.journal.sqlite import _ROW_COLUMNS
-from agentsessions.host.journal.store import JournalStore, SessionRow
-from agentsessions.host.models.echo import EchoModel
+from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.sessions import SessionsServicer, add_to_server
 from agentsessions.sdk.harness import text_message
 from agentsessions.v1 import session_pb2, session_pb2_grpc
+from bench import replay, resultfile
 
 RESULTS: Final = Path(__file__).resolve().parent / "results" / "listing.json"
 PAGE: Final = 100
@@ -48,16 +43,11 @@ GOAL_RATIO: Final = 3.0
 PROJECT: Final = "default"
 
 
-def _controller(store: JournalStore) -> Controller:
-    catalog = HarnessCatalog({"echo": StaticHarness(EchoHarness())}, store, RemoteHarness)
-    return Controller(store, catalog, EchoModel(), stream_deltas=False)
-
-
 async def _build(path: str, sessions: int) -> None:
     """``sessions`` sessions, a turn in every tenth (built with synchronous=OFF: not timed)."""
     store = await open_store(path, synchronous="OFF")
     try:
-        controller = _controller(store)
+        controller = replay.echo_host(store)
         for i in range(sessions):
             view = await controller.create_session(SessionRow(uid="", project="", harness="echo"))
             if i % 10 == 0:
@@ -93,7 +83,7 @@ async def _measure(path: str, rounds: int) -> dict[str, float]:
     store = await open_store(path)
     db = sqlite3.connect(path)
     server = aio.server()
-    controller = _controller(store)
+    controller = replay.echo_host(store)
     add_to_server(SessionsServicer(controller), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -170,8 +160,7 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
         "ratio_host_to_sql": ratio,
         "goal": {"ratio_at_most": GOAL_RATIO, "met": met},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    resultfile.write(out, document)
     print(f"wrote {out}")
     return 0
 

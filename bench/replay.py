@@ -31,7 +31,8 @@ GOAL_REPLAY_S: Final = 0.5
 ROUNDS: Final = 5
 
 
-def _controller(store: JournalStore) -> Controller:
+def echo_host(store: JournalStore) -> Controller:
+    """An in-process host on ``store``: the echo harness and model, deltas off (also bench.listing's)."""
     catalog = HarnessCatalog({"echo": StaticHarness(EchoHarness())}, store, RemoteHarness)
     return Controller(store, catalog, EchoModel(), stream_deltas=False)
 
@@ -40,7 +41,7 @@ async def _build(path: str, turns: int) -> str:
     """A session of ``turns`` echo turns (built with synchronous=OFF: building is not timed)."""
     store = await open_store(path, synchronous="OFF")
     try:
-        controller = _controller(store)
+        controller = echo_host(store)
         view = await controller.create_session(SessionRow(uid="", project="", harness="echo"))
         uid = view.row.uid
         for i in range(turns):
@@ -65,7 +66,7 @@ async def _measure(path: str, uid: str) -> dict[str, float]:
             t = time.perf_counter()
             await store.read(uid)
             read_s.append(time.perf_counter() - t)
-            controller = _controller(store)  # cold: nothing cached from an earlier round
+            controller = echo_host(store)  # cold: nothing cached from an earlier round
             t = time.perf_counter()
             report = await controller.replay(uid)
             replay_s.append(time.perf_counter() - t)

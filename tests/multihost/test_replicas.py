@@ -207,15 +207,20 @@ async def test_a_watcher_on_one_replica_sees_the_turns_of_the_other(replicas: li
     a, b = replicas
     uid = await create(a)
     watched: list[live_pb2.WatchUpdate] = []
+    opened = asyncio.Event()
     async with SessionsClient.connect(b.address) as watcher:
 
         async def follow() -> None:
             async for update in watcher.watch(uid):
                 watched.append(update)
+                opened.set()
                 if update.HasField("record") and update.record.seq == 10:
                     return
 
         following = asyncio.create_task(follow())
+        # B's watch is open (its first frame, the session as it is, has arrived) before A writes.
+        async with asyncio.timeout(60):
+            await opened.wait()
         await run(a, turn(uid, "one"))
         await run(a, turn(uid, "two", delay_s=0.2))
         async with asyncio.timeout(60):
