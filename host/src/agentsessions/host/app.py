@@ -40,6 +40,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import live, registry, sessions
 from agentsessions.host.service.decoding import DecodingInterceptor
+from agentsessions.host.service.result_schema import ResultSchemaInterceptor
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
@@ -178,6 +179,7 @@ async def build_controller(
         access=access,
         limits=config.limits,
         live=live_settings(config, authenticated=access is not None) if live else None,
+        result_corrections=config.result_corrections,
     )
     app.controller = controller
     if controller.live is not None:
@@ -219,6 +221,7 @@ async def build_app(config: HostConfig) -> App:
         raise StartupError(str(exc)) from exc
     # The idempotency key joins the call context authentication bound.
     app.interceptors.append(IdempotencyInterceptor())
+    app.interceptors.append(ResultSchemaInterceptor())  # Exec's agentsessions-result-schema
     # Innermost: undecodable request bytes answer INVALID_ARGUMENT, after authentication.
     app.interceptors.append(DecodingInterceptor())
     sessions_servicer = sessions.SessionsServicer(controller)

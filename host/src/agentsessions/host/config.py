@@ -19,6 +19,7 @@ from agentsessions.host import addresses
 from agentsessions.host import limits as host_limits
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
+from agentsessions.host.controller import results
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
@@ -122,6 +123,8 @@ class HostConfig:
     idempotency_retention_seconds: float = DEFAULT_IDEMPOTENCY_RETENTION_SECONDS
     # Plain Exec turns run to their end when their caller goes away (default: cancelled, as the reference).
     detach_exec: bool = False
+    # Corrective turns a turn bound to a result schema may take (controller/results.py).
+    result_corrections: int = results.DEFAULT_CORRECTIONS
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -166,6 +169,10 @@ class HostConfig:
             self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
         )
         self._check_live()
+        if not 0 <= self.result_corrections <= results.MAX_CORRECTIONS:
+            raise ConfigError(
+                f"--result-corrections {self.result_corrections} must be 0 to {results.MAX_CORRECTIONS}"
+            )
         if self.otel_exporter not in OTEL_EXPORTERS:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
@@ -301,7 +308,18 @@ class HostConfig:
             model_transport=ModelTransportConfig.from_sources(args, environ),
             http_listen=pick("http_listen", "") or None,
             **_live_from_sources(args, environ),
+            result_corrections=_integer(args, environ, "--result-corrections", results.DEFAULT_CORRECTIONS),
         )
+
+
+def _integer(args: argparse.Namespace, environ: Mapping[str, str], flag: str, default: int) -> int:
+    attr = flag.removeprefix("--").replace("-", "_")
+    value: str | None = getattr(args, attr, None)
+    text = value if value is not None else environ.get(ENV_PREFIX + attr.upper(), str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not an integer") from None
 
 
 def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits.Limits:
@@ -503,6 +521,12 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"a plain Exec turn runs to its end when its caller goes away "
         f"(env {env}DETACH_EXEC; default: cancelled, as in the reference)",
+    )
+    parser.add_argument(
+        "--result-corrections",
+        metavar="N",
+        help=f"corrective turns a turn bound to a result schema may take before it ends FAILED "
+        f"(env {env}RESULT_CORRECTIONS; default {results.DEFAULT_CORRECTIONS})",
     )
 
 

@@ -46,6 +46,12 @@ from this host.
     carries the whole history. The host sends a base only to the connection that answered
     ``held`` (a new connection starts over), so a v1 harness, which never answers it, always gets
     the whole history; harness processes behind one address must all run this SDK, or none.
+
+Records with ``actor.principal == "host:results"`` (:data:`RESULTS_PRINCIPAL`)
+    Structured results (the host's ``result_schema``): an INPUT so marked tells the harness what
+    to answer (its last line is the JSON Schema); an OUTPUT so marked is the host's settled
+    result (a data part), written after the harness's own answer, which is no effect of the
+    harness and which ``Start.conversation()`` leaves out (the answer it settles is already there).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from dataclasses import dataclass
 from agentsessions.sdk.modes import MODES
 
 RUN_MODE = "agentsessions-run"
+RESULTS_PRINCIPAL = "host:results"
 RECORDED_EFFECTS = "agentsessions-recorded-effects"
 FEATURES = "agentsessions-features"
 APPROVAL_REASON = "approval-reason"

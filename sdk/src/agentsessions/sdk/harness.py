@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from agentsessions.sdk import convert
 from agentsessions.sdk.callids import CallIds
+from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.sdk.types import Message, ToolCall
 from agentsessions.v1 import common_pb2, harness_pb2
 
@@ -80,6 +81,8 @@ def conversation(
         elif kind == _MODEL_CALL:
             after_model.add(execution)
         elif kind == _OUTPUT and event.HasField("message"):
+            if event.actor.principal == RESULTS_PRINCIPAL:
+                continue  # the host's settled result: the answer it settles is already here
             message = convert.message_from_proto(event.message)
             if execution in after_model:
                 after_model.discard(execution)

@@ -31,6 +31,7 @@ from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
 from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
 from agentsessions.host.controller.replay import ReplayReport
+from agentsessions.host.controller.results import DEFAULT_CORRECTIONS, Settler
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
@@ -64,6 +65,7 @@ class Controller:
         access: SessionAccess | None = None,
         limits: Limits | None = None,
         live: LiveSettings | None = None,
+        result_corrections: int = DEFAULT_CORRECTIONS,
     ) -> None:
         self.store = store
         # Request, record and concurrency limits; the servicer checks requests against them too.
@@ -116,7 +118,9 @@ class Controller:
             limits=self.limits,
             slots=ExecutionSlots(self.limits),
             admission=admission,
+            result_corrections=result_corrections,
         )
+        driver.settle = Settler(self._core)  # turns bound to a result schema (results.py)
         self.live: LiveSessions | None = None
         if live is not None and live_store is not None and keeper is not None:
             assert isinstance(admission, LiveAdmission)

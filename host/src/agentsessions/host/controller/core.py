@@ -18,6 +18,7 @@ from agentsessions.host.controller.drive import Driver
 from agentsessions.host.controller.guard import SessionGuards
 from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.controller.results import DEFAULT_CORRECTIONS
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal.store import JournalStore
@@ -43,3 +44,5 @@ class Core:
     slots: ExecutionSlots  # executions running on this host, bounded by the limits
     # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
     admission: Admission
+    # Corrective turns a turn bound to a result schema may take (controller/results.py).
+    result_corrections: int = DEFAULT_CORRECTIONS

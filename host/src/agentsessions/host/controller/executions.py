@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
+from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.v1 import common_pb2
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
@@ -186,6 +187,8 @@ def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[lis
             effects.append(pending_model)
             continue
         if kind == K.EVENT_OUTPUT:
+            if ev.actor.principal == RESULTS_PRINCIPAL:
+                continue  # the host's settled result (controller/results.py), not an effect
             if pending_model is not None and pending_model.reply is None:
                 pending_model.reply = ev
                 answered_model = pending_model

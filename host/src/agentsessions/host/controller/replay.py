@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import sessions
+from agentsessions.host.controller import results, sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.reconstruct import reconstruct
@@ -82,6 +82,9 @@ async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
             raise ReplayDivergedError(
                 f"execution {ex.id}: harness left {sink.unconsumed()} recorded effects unconsumed"
             )
+        differs = results.replayed([e for e in events if e.execution_id == ex.id]) if ex.id else None
+        if differs is not None:
+            raise ReplayDivergedError(f"execution {ex.id}: result schema: {differs}")
         calls += sink.counters.model_calls
         for eff in recorded.effects:
             if eff.kind == "model":
