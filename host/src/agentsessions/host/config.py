@@ -125,6 +125,8 @@ class HostConfig:
     detach_exec: bool = False
     # Corrective turns a turn bound to a result schema may take (controller/results.py).
     result_corrections: int = results.DEFAULT_CORRECTIONS
+    # Compact before a turn whose history since the latest baseline holds more events (0: never).
+    compact_above_events: int = 0
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -169,6 +171,8 @@ class HostConfig:
             self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
         )
         self._check_live()
+        if self.compact_above_events < 0:
+            raise ConfigError(f"--compact-above-events {self.compact_above_events} must be 0 (off) or more")
         if not 0 <= self.result_corrections <= results.MAX_CORRECTIONS:
             raise ConfigError(
                 f"--result-corrections {self.result_corrections} must be 0 to {results.MAX_CORRECTIONS}"
@@ -309,6 +313,7 @@ class HostConfig:
             http_listen=pick("http_listen", "") or None,
             **_live_from_sources(args, environ),
             result_corrections=_integer(args, environ, "--result-corrections", results.DEFAULT_CORRECTIONS),
+            compact_above_events=_integer(args, environ, "--compact-above-events", 0),
         )
 
 
@@ -527,6 +532,12 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"corrective turns a turn bound to a result schema may take before it ends FAILED "
         f"(env {env}RESULT_CORRECTIONS; default {results.DEFAULT_CORRECTIONS})",
+    )
+    parser.add_argument(
+        "--compact-above-events",
+        metavar="N",
+        help=f"compact a session (a summary as its new baseline) before a turn whose history since "
+        f"the latest baseline holds more than N events (env {env}COMPACT_ABOVE_EVENTS; default 0: never)",
     )
 
 

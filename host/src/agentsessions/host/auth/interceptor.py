@@ -27,6 +27,7 @@ from agentsessions.host.interception import around_handler
 SESSIONS = "agentsessions.v1.Sessions"
 REGISTRY = "agentsessions.v1.HarnessRegistry"
 LIVE = "agentsessions.ext.v1.LiveSessions"
+COMPACTION = "agentsessions.ext.v1.SessionCompaction"
 
 # Reachable without credentials: probes and tooling must work before anyone has a token.
 OPEN_SERVICES = frozenset(
@@ -52,6 +53,7 @@ SESSIONS_ROLES: Mapping[str, str] = {
 }
 
 LIVE_ROLES: Mapping[str, str] = {"Watch": READER, "Submit": WRITER}
+COMPACTION_ROLES: Mapping[str, str] = {"Compact": WRITER}
 
 _AUTHORIZATION = "authorization"
 _BEARER = "bearer"
@@ -69,6 +71,8 @@ def required_role(method: str) -> str | None:
         return SESSIONS_ROLES.get(name, ADMIN)
     if service == LIVE:
         return LIVE_ROLES.get(name, ADMIN)
+    if service == COMPACTION:
+        return COMPACTION_ROLES.get(name, ADMIN)
     return ADMIN
 
 

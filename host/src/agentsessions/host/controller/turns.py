@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import approvals, compute, recovery, results, sessions
+from agentsessions.host.controller import approvals, compaction, compute, recovery, results, sessions
 from agentsessions.host.controller.admission import Ticket
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.drive import settled
@@ -29,7 +29,6 @@ from agentsessions.host.controller.errors import (
 )
 from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
-from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import SessionRow
@@ -163,7 +162,11 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         return await _recover(turn, turn.recovery, relay)
     # As read at admission: the guard has kept this host's writers out since.
     events, expected = await core.admission.prepare(core, row, p, turn.events, turn.interrupted)
-    history = Prefix(events)  # the journal as admitted, not a copy of it
+    if expected == len(events) and await compaction.before_turn(core, row, events):
+        events = await core.cache.events(row.uid)  # --compact-above-events: a baseline first
+        expected = len(events)
+    # The journal as admitted (from its latest baseline on), not a copy of it.
+    history = compaction.history(core, row.uid, events, len(events))
     await compute.attach(resolved, row.uid)
     execution_id = p.execution_id or core.new_id()
     inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
