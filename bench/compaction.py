@@ -49,7 +49,8 @@ class Sizes:
     compact_above_events: int
 
 
-FULL: Final = Sizes(positions=(10, 1_000, 10_000), compact_above_events=250)
+# 50 events (~10 turns of history): a compacted history stays about as long as turn 10's.
+FULL: Final = Sizes(positions=(10, 1_000, 10_000), compact_above_events=50)
 QUICK: Final = Sizes(positions=(10, 100), compact_above_events=50)
 
 
@@ -72,7 +73,7 @@ async def _turn(stub: session_pb2_grpc.SessionsAsyncStub, uid: str, text: str) -
 
 
 async def _alternate(
-    targets: dict[str, str], turns: int, log: Any
+    targets: dict[str, str], turns: dict[str, int], log: Any
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, int]]]:
     """``turns`` turns on one chat session per target, one target after the other each round."""
     channels = {
@@ -87,11 +88,12 @@ async def _alternate(
             )
             uids[name] = created.metadata.uid
         latencies: dict[str, list[float]] = {name: [] for name in targets}
-        for i in range(turns):
+        for i in range(max(turns.values())):
             for name, stub in stubs.items():
-                latencies[name].append(await _turn(stub, uids[name], f"question {i}"))  # type: ignore[arg-type]
+                if i < turns[name]:
+                    latencies[name].append(await _turn(stub, uids[name], f"question {i}"))  # type: ignore[arg-type]
             if (i + 1) % 500 == 0:
-                print(f"  turn {i + 1}/{turns}", file=log, flush=True)
+                print(f"  turn {i + 1}/{max(turns.values())}", file=log, flush=True)
         journals = {}
         for name, stub in stubs.items():
             records = baselines = 0
@@ -109,7 +111,9 @@ def _around(series: list[float], position: int, window: int) -> list[float]:
     return series[max(position - 1 - window, 0) : position + window]
 
 
-def measure(sizes: Sizes, workdir: Path, log: Any) -> dict[str, Any]:
+def measure(sizes: Sizes, workdir: Path, log: Any, without_until: int = 0) -> dict[str, Any]:
+    """``without_until``: the session without compaction stops after that turn (0: it goes on to
+    the last position too), its later positions not measured."""
     last = sizes.positions[-1]
     with fleet(workdir) as f:
         harness_argv = [
@@ -132,7 +136,8 @@ def measure(sizes: Sizes, workdir: Path, log: Any) -> dict[str, Any]:
             del os.environ["AGENTSESSIONS_COMPACT_ABOVE_EVENTS"]
         targets = {"without": plain, "with": compacting}
         began = time.monotonic()
-        latencies, journals = asyncio.run(_alternate(targets, last + MEAN_WINDOW, log))
+        turns = {"without": (without_until or last) + MEAN_WINDOW, "with": last + MEAN_WINDOW}
+        latencies, journals = asyncio.run(_alternate(targets, turns, log))
         elapsed = time.monotonic() - began
     rows: dict[str, dict[str, dict[str, float]]] = {}
     for name, series in latencies.items():
@@ -142,15 +147,17 @@ def measure(sizes: Sizes, workdir: Path, log: Any) -> dict[str, Any]:
                 "mean_ms": statistics.fmean(_around(series, p, MEAN_WINDOW)) * 1e3,
             }
             for p in sizes.positions
+            if p + MEAN_WINDOW <= len(series)
         }
-    first, final = str(sizes.positions[0]), str(last)
-    ratio = {
-        name: {
+    first = str(sizes.positions[0])
+    ratio = {}
+    for name, row in rows.items():
+        final = str(max(int(p) for p in row))
+        ratio[name] = {
+            "position": int(final),
             "median": row[final]["median_ms"] / row[first]["median_ms"],
             "mean": row[final]["mean_ms"] / row[first]["mean_ms"],
         }
-        for name, row in rows.items()
-    }
     return {
         "positions": list(sizes.positions),
         "compact_above_events": sizes.compact_above_events,
@@ -174,10 +181,16 @@ def print_report(result: dict[str, Any], out: Any) -> None:
     for name in ("without", "with"):
         row = result["latency"][name]
         cells = " | ".join(
-            f"{row[str(p)]['median_ms']:.2f} ms ({row[str(p)]['mean_ms']:.2f})" for p in positions
+            f"{row[str(p)]['median_ms']:.2f} ms ({row[str(p)]['mean_ms']:.2f})"
+            if str(p) in row
+            else "not run"
+            for p in positions
         )
         ratio = result["ratio_last_over_first"][name]
-        print(f"| {name} compaction | {cells} | {ratio['median']:.2f} ({ratio['mean']:.2f}) |", file=out)
+        at = f"turn {ratio['position']:,}"
+        print(
+            f"| {name} compaction | {cells} | {at}: {ratio['median']:.2f} ({ratio['mean']:.2f}) |", file=out
+        )
     for name, journal in result["journals"].items():
         print(
             f"{name} compaction: {journal['records']:,} records, {journal['baselines']} baselines", file=out
@@ -188,10 +201,10 @@ def print_report(result: dict[str, Any], out: Any) -> None:
     )
 
 
-def run(*, quick: bool, out: Path = RESULTS) -> int:
+def run(*, quick: bool, out: Path = RESULTS, without_until: int = 0) -> int:
     sizes = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="bench-compaction-") as tmp:
-        result = measure(sizes, Path(tmp), sys.stderr)
+        result = measure(sizes, Path(tmp), sys.stderr, without_until)
     result["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count()}
     result["quick"] = quick
     print_report(result, sys.stdout)
@@ -203,8 +216,15 @@ def run(*, quick: bool, out: Path = RESULTS) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compaction", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="turn 100, not 10,000: a smoke run")
+    parser.add_argument(
+        "--without-until",
+        type=int,
+        default=0,
+        metavar="TURN",
+        help="stop the session without compaction after this turn (its turn 10,000 alone takes ~40 min)",
+    )
     args = parser.parse_args(argv)
-    return run(quick=args.quick)
+    return run(quick=args.quick, without_until=args.without_until)
 
 
 if __name__ == "__main__":

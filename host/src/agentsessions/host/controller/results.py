@@ -180,6 +180,20 @@ def is_settlement(event: common_pb2.Event) -> bool:
     return event.kind == K.EVENT_OUTPUT and event.actor.principal == RESULTS_PRINCIPAL
 
 
+def execution_tail(events: list[common_pb2.Event], execution_id: str) -> list[common_pb2.Event]:
+    """The records of the session's last execution ``execution_id``, read back from the journal's
+    end to its EXECUTION_START (a turn's settling costs its own records, not the session's)."""
+    mine: list[common_pb2.Event] = []
+    for index in range(len(events) - 1, -1, -1):
+        event = events[index]
+        if event.execution_id == execution_id:
+            mine.append(event)
+            if event.kind == K.EVENT_EXECUTION_START:
+                break
+    mine.reverse()
+    return mine
+
+
 def judge(mine: list[common_pb2.Event]) -> tuple[Binding, Any, str | None] | None:
     """An execution's binding, its result and why it does not settle (None: it does), from its
     records alone; None when the execution is not bound to a schema."""
@@ -233,7 +247,7 @@ class Settler:
     ) -> Settled | None:
         core = self.core
         events = await core.cache.events(uid)
-        judged = judge([e for e in events if e.execution_id == start.execution_id])
+        judged = judge(execution_tail(events, start.execution_id))
         if judged is None:
             return None  # not bound: the Driver ends it as any other
         binding, result, error = judged
@@ -276,7 +290,7 @@ class Settler:
         from agentsessions.host.controller import recovery, sessions
 
         core = self.core
-        recorded = next(e.execution_start for e in events if e.execution_id == start.execution_id)
+        recorded = execution_tail(events, start.execution_id)[0].execution_start
         next_id = core.new_id()
         follow = Binding(binding.schema, binding.attempt + 1, binding.corrections)
         batch = [
