@@ -17,6 +17,8 @@ import pytest
 from grpc import aio
 
 from agentsessions.ext.v1 import compaction_pb2, compaction_pb2_grpc
+from agentsessions.host.auth.interceptor import required_role
+from agentsessions.host.auth.principals import ADMIN, WRITER
 from agentsessions.host.controller.compaction import COMPACTOR, INSTRUCTION, CompactionSettings
 from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
 from agentsessions.host.journal.sqlite import SqliteStore
@@ -285,3 +287,8 @@ async def test_a_held_history_base_does_not_survive_a_compaction(store: JournalS
 
 async def _events(store: JournalStore, uid: str) -> list[common_pb2.Event]:
     return [r.event for r in await store.read(uid)]
+
+
+def test_compact_needs_the_writer_role() -> None:
+    assert required_role("/agentsessions.ext.v1.SessionCompaction/Compact") == WRITER
+    assert required_role("/agentsessions.ext.v1.SessionCompaction/Other") == ADMIN

@@ -87,6 +87,7 @@ async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_li
         assert [service.name for service in app.services] == [
             "agentsessions.v1.Sessions",
             "agentsessions.ext.v1.LiveSessions",
+            "agentsessions.ext.v1.SessionCompaction",
         ]
         assert [service.name for service in app.admin_services] == ["agentsessions.v1.HarnessRegistry"]
     finally:
