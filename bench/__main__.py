@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import bigstream, journal, listing, load, replay, startup, turns
+from bench import bigstream, compaction, journal, listing, load, replay, startup, turns
 
-SUITES = ("journal", "turns", "replay", "listing", "startup", "bigstream", "load")
-# The load suite takes minutes and has its own flags (python -m bench.load --help): run it by name.
+SUITES = ("journal", "turns", "replay", "listing", "startup", "bigstream", "load", "compaction")
+# The load and compaction suites take minutes (load has its own flags: python -m bench.load --help):
+# run them by name.
 DEFAULT_SUITES = ("journal", "turns", "replay", "listing", "startup", "bigstream")
 BACKENDS = ("memory", "sqlite", "postgres")
 
@@ -55,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = max(code, bigstream.run(quick=args.quick))
         elif suite == "load":
             code = max(code, load.run(["--quick"] if args.quick else []))
+        elif suite == "compaction":
+            code = max(code, compaction.run(quick=args.quick))
     return code
 
 

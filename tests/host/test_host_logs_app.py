@@ -88,6 +88,7 @@ async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_li
             "agentsessions.v1.Sessions",
             "agentsessions.ext.v1.LiveSessions",
             "agentsessions.ext.v1.Subagents",
+            "agentsessions.ext.v1.SessionCompaction",
         ]
         assert [service.name for service in app.admin_services] == ["agentsessions.v1.HarnessRegistry"]
     finally:

@@ -490,3 +490,48 @@ async def test_a_deleted_child_answers_its_call_with_an_error(
         f"subagent {child} was deleted",
         f"subagent {child} ended CANCELED: session deleted",
     )
+
+
+async def test_a_child_bound_to_a_result_schema_returns_its_validated_data(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    """The call's result_schema binds the child's turn (controller/results.py): its first answer does
+    not validate, one corrective turn later it does, and the parent's receipt is that data."""
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    endpoint.script(
+        Reply.completion(
+            "", tool_calls=[task("call-d", prompt="count", harness="echo", result_schema=schema)]
+        ),
+        Reply.completion("about three"),
+        Reply.completion('{"n": 3}'),
+    )
+    uid, _ = await delegate(host)
+    records = await settled(host, uid)
+    assert ends(records)[0].event.end.state == "COMPLETED"
+    (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert not result.event.result.is_error
+    [part] = result.event.result.content
+    assert part.WhichOneof("part") == "data"
+    assert json.loads(json.dumps(dict(part.data.data))) == {"n": 3}
+    child = await host.records(child_uid(uid, execution_of(records), "call-d"))
+    assert [e.event.end.state for e in ends(child)] == ["COMPLETED", "COMPLETED"]  # one correction
+    assert len(endpoint.received) == 3
+
+
+async def test_a_task_call_with_an_invalid_result_schema_is_an_argument_error(
+    host: LiveHost, endpoint: ScriptedEndpoint
+) -> None:
+    bad = {"type": "integer-ish"}
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("call-x", prompt="count", harness="echo", result_schema=bad)]),
+        Reply.completion("done"),
+    )
+    uid, _ = await delegate(host)
+    records = await settled(host, uid)
+    (result,) = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert result.event.result.is_error
+    assert (
+        "result_schema" in result.event.result.error
+        and "is not a valid JSON Schema" in result.event.result.error
+    )
+    assert await host.controller.store.get_session(child_uid(uid, execution_of(records), "call-x")) is None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from grpc import aio
 
-from agentsessions.ext.v1 import live_pb2_grpc, subagents_pb2_grpc
+from agentsessions.ext.v1 import compaction_pb2_grpc, live_pb2_grpc, subagents_pb2_grpc
 from agentsessions.harnesses.chat import ChatHarness
 from agentsessions.harnesses.counter import CounterHarness
 from agentsessions.harnesses.echo import EchoHarness
@@ -29,6 +29,7 @@ from agentsessions.host.callcontext import ANONYMOUS, CallContext
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.controller.access import SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
+from agentsessions.host.controller.compaction import CompactionSettings
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
 from agentsessions.host.controller.live import LiveSettings
@@ -39,8 +40,9 @@ from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
-from agentsessions.host.service import live, registry, sessions, subagents
+from agentsessions.host.service import compaction, live, registry, sessions, subagents
 from agentsessions.host.service.decoding import DecodingInterceptor
+from agentsessions.host.service.result_schema import ResultSchemaInterceptor
 from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
@@ -179,6 +181,8 @@ async def build_controller(
         access=access,
         limits=config.limits,
         live=live_settings(config, authenticated=access is not None) if live else None,
+        result_corrections=config.result_corrections,
+        compaction=CompactionSettings(above_events=config.compact_above_events),
     )
     app.controller = controller
     if controller.live is not None:
@@ -221,6 +225,7 @@ async def build_app(config: HostConfig) -> App:
         raise StartupError(str(exc)) from exc
     # The idempotency key joins the call context authentication bound.
     app.interceptors.append(IdempotencyInterceptor())
+    app.interceptors.append(ResultSchemaInterceptor())  # Exec's agentsessions-result-schema
     # Innermost: undecodable request bytes answer INVALID_ARGUMENT, after authentication.
     app.interceptors.append(DecodingInterceptor())
     sessions_servicer = sessions.SessionsServicer(controller)
@@ -245,6 +250,15 @@ async def build_app(config: HostConfig) -> App:
                 functools.partial(subagents_pb2_grpc.add_SubagentsServicer_to_server, subagents_servicer),
             )
         )
+    compaction_servicer = compaction.SessionCompactionServicer(controller)
+    app.services.append(
+        Service(
+            compaction.SERVICE_NAME,
+            functools.partial(
+                compaction_pb2_grpc.add_SessionCompactionServicer_to_server, compaction_servicer
+            ),
+        )
+    )
     registry_servicer = registry.HarnessRegistryServicer(controller.catalog)
     app.admin_services.append(
         Service(

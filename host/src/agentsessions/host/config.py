@@ -20,6 +20,7 @@ from agentsessions.host import addresses
 from agentsessions.host import limits as host_limits
 from agentsessions.host.addresses import AddressError
 from agentsessions.host.auth.principals import AuthFileError, load_principals
+from agentsessions.host.controller import results
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, ApprovalPolicyError
 from agentsessions.host.controller.subagents import SubagentSettings
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
@@ -126,6 +127,10 @@ class HostConfig:
     detach_exec: bool = False
     # The task tool's limits: children per turn, depth, wait timeout (docs/subagents.md).
     subagents: SubagentSettings = field(default_factory=SubagentSettings)
+    # Corrective turns a turn bound to a result schema may take (controller/results.py).
+    result_corrections: int = results.DEFAULT_CORRECTIONS
+    # Compact before a turn whose history since the latest baseline holds more events (0: never).
+    compact_above_events: int = 0
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -170,6 +175,12 @@ class HostConfig:
             self.listen, self.auth_tokens, self.tls_client_ca, self.insecure_allow_unauthenticated
         )
         self._check_live()
+        if self.compact_above_events < 0:
+            raise ConfigError(f"--compact-above-events {self.compact_above_events} must be 0 (off) or more")
+        if not 0 <= self.result_corrections <= results.MAX_CORRECTIONS:
+            raise ConfigError(
+                f"--result-corrections {self.result_corrections} must be 0 to {results.MAX_CORRECTIONS}"
+            )
         if self.otel_exporter not in OTEL_EXPORTERS:
             raise ConfigError(
                 f"--otel-exporter {self.otel_exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
@@ -294,6 +305,8 @@ class HostConfig:
             model_transport=ModelTransportConfig.from_sources(args, environ),
             http_listen=pick("http_listen", "") or None,
             **_live_from_sources(args, environ),
+            result_corrections=_integer(args, environ, "--result-corrections", results.DEFAULT_CORRECTIONS),
+            compact_above_events=_integer(args, environ, "--compact-above-events", 0),
         )
 
 
@@ -349,6 +362,16 @@ def add_subagent_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"how long a parent waits for a child; then the child is cancelled and the call gets an "
         f"error result (env {env}SUBAGENT_WAIT_TIMEOUT; default {defaults.wait_timeout_s:g})",
     )
+
+
+def _integer(args: argparse.Namespace, environ: Mapping[str, str], flag: str, default: int) -> int:
+    attr = flag.removeprefix("--").replace("-", "_")
+    value: str | None = getattr(args, attr, None)
+    text = value if value is not None else environ.get(ENV_PREFIX + attr.upper(), str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not an integer") from None
 
 
 def _limits(args: argparse.Namespace, environ: Mapping[str, str]) -> host_limits.Limits:
@@ -564,6 +587,18 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"a plain Exec turn runs to its end when its caller goes away "
         f"(env {env}DETACH_EXEC; default: cancelled, as in the reference)",
+    )
+    parser.add_argument(
+        "--result-corrections",
+        metavar="N",
+        help=f"corrective turns a turn bound to a result schema may take before it ends FAILED "
+        f"(env {env}RESULT_CORRECTIONS; default {results.DEFAULT_CORRECTIONS})",
+    )
+    parser.add_argument(
+        "--compact-above-events",
+        metavar="N",
+        help=f"compact a session (a summary as its new baseline) before a turn whose history since "
+        f"the latest baseline holds more than N events (env {env}COMPACT_ABOVE_EVENTS; default 0: never)",
     )
 
 

@@ -664,19 +664,23 @@ class _History:
     """One session's Start.history on the wire: each event encoded once, as a repeated
     ``Start.history`` field, and the end offset of each in ``encoded``."""
 
-    __slots__ = ("encoded", "ends", "held", "last")
+    __slots__ = ("encoded", "ends", "first", "held", "last")
 
     def __init__(self) -> None:
         self.encoded = bytearray()
         self.ends: list[int] = []
         self.last: common_pb2.Event | None = None
+        self.first: common_pb2.Event | None = None
         self.held: HeldBase | None = None
 
     def extends(self, history: Sequence[common_pb2.Event]) -> bool:
         # The controller hands over the journal cache's own event objects, which only ever grow
         # at the end: the same last event at the same place means the same prefix.
+        # A compaction moves where the history begins (its baseline): a held base does not survive it.
         count = len(self.ends)
-        return count == 0 or (len(history) >= count and history[count - 1] is self.last)
+        return count == 0 or (
+            len(history) >= count and history[count - 1] is self.last and history[0] is self.first
+        )
 
     def feed(self, history: Sequence[common_pb2.Event]) -> None:
         encoded, ends = self.encoded, self.ends
@@ -688,6 +692,8 @@ class _History:
             encoded += blob
             ends.append(len(encoded))
             self.last = event
+        if ends and self.first is None:
+            self.first = history[0]
 
     def base_on(self, connection: int | None) -> HeldBase | None:
         """The base to send to a harness on ``connection`` ("" token: it may hold one from now;

@@ -46,6 +46,18 @@ from this host.
     carries the whole history. The host sends a base only to the connection that answered
     ``held`` (a new connection starts over), so a v1 harness, which never answers it, always gets
     the whole history; harness processes behind one address must all run this SDK, or none.
+
+Records with ``actor.principal == "host:results"`` (:data:`RESULTS_PRINCIPAL`)
+    Structured results (the host's ``result_schema``): an INPUT so marked tells the harness what
+    to answer (its last line is the JSON Schema); an OUTPUT so marked is the host's settled
+    result (a data part), written after the harness's own answer, which is no effect of the
+    harness and which ``Start.conversation()`` leaves out (the answer it settles is already there).
+
+``EVENT_LIFECYCLE{LIFECYCLE_BASELINE, detail: <summary>}`` first in ``Start.history``
+    A compacted session's history begins at its latest baseline: the summary of everything before
+    it. ``Start.conversation()`` puts it first as a user message (``SUMMARY_PREFIX`` + summary) and
+    drops whatever came before it. The summarizer's OUTPUT (``actor.principal`` "host:compaction",
+    :data:`COMPACTION_PRINCIPAL`) is the host's record, never part of a conversation.
 """
 
 from __future__ import annotations
@@ -56,6 +68,9 @@ from dataclasses import dataclass
 from agentsessions.sdk.modes import MODES
 
 RUN_MODE = "agentsessions-run"
+RESULTS_PRINCIPAL = "host:results"
+COMPACTION_PRINCIPAL = "host:compaction"
+SUMMARY_PREFIX = "Summary of the conversation so far:\n"
 RECORDED_EFFECTS = "agentsessions-recorded-effects"
 FEATURES = "agentsessions-features"
 APPROVAL_REASON = "approval-reason"

@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 
 from agentsessions.sdk import convert
 from agentsessions.sdk.callids import CallIds
+from agentsessions.sdk.extensions import COMPACTION_PRINCIPAL, RESULTS_PRINCIPAL, SUMMARY_PREFIX
 from agentsessions.sdk.types import Message, ToolCall
 from agentsessions.v1 import common_pb2, harness_pb2
 
@@ -30,6 +31,8 @@ _INPUT = common_pb2.EVENT_INPUT
 _OUTPUT = common_pb2.EVENT_OUTPUT
 _MODEL_CALL = common_pb2.EVENT_MODEL_CALL
 _TOOL_RESULT = common_pb2.EVENT_TOOL_RESULT
+_LIFECYCLE = common_pb2.EVENT_LIFECYCLE
+_BASELINE = common_pb2.Lifecycle.LIFECYCLE_BASELINE
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,14 @@ def conversation(
             out.append(convert.message_from_proto(event.message))
         elif kind == _MODEL_CALL:
             after_model.add(execution)
+        elif kind == _LIFECYCLE and event.lifecycle.kind == _BASELINE:
+            # A compaction's summary stands for everything before it.
+            out = [Message.user(SUMMARY_PREFIX + event.lifecycle.detail)]
+            after_model.clear()
+            open_calls.clear()
         elif kind == _OUTPUT and event.HasField("message"):
+            if event.actor.principal in (RESULTS_PRINCIPAL, COMPACTION_PRINCIPAL):
+                continue  # the host's own record (a settled result, a summary), not the assistant's
             message = convert.message_from_proto(event.message)
             if execution in after_model:
                 after_model.discard(execution)

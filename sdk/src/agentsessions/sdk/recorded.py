@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.v1 import common_pb2, harness_pb2
 
 __all__ = ["Effect", "MalformedEffectsError", "pair_effects", "recorded_completion"]
@@ -56,6 +57,8 @@ def pair_effects(records: Iterable[tuple[int, common_pb2.Event]]) -> tuple[list[
             effects.append(pending_model)
             continue
         if kind == K.EVENT_OUTPUT:
+            if ev.actor.principal == RESULTS_PRINCIPAL:
+                continue  # the host's settled structured result (docs/results.md), not an effect
             if pending_model is not None and pending_model.reply is None:
                 pending_model.reply = ev
                 answered_model = pending_model

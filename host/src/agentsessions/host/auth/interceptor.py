@@ -28,6 +28,7 @@ SESSIONS = "agentsessions.v1.Sessions"
 REGISTRY = "agentsessions.v1.HarnessRegistry"
 LIVE = "agentsessions.ext.v1.LiveSessions"
 SUBAGENTS = "agentsessions.ext.v1.Subagents"
+COMPACTION = "agentsessions.ext.v1.SessionCompaction"
 
 # Reachable without credentials: probes and tooling must work before anyone has a token.
 OPEN_SERVICES = frozenset(
@@ -54,6 +55,7 @@ SESSIONS_ROLES: Mapping[str, str] = {
 
 LIVE_ROLES: Mapping[str, str] = {"Watch": READER, "Submit": WRITER}
 SUBAGENT_ROLES: Mapping[str, str] = {"GetSubagents": READER}
+COMPACTION_ROLES: Mapping[str, str] = {"Compact": WRITER}
 
 _AUTHORIZATION = "authorization"
 _BEARER = "bearer"
@@ -73,6 +75,8 @@ def required_role(method: str) -> str | None:
         return LIVE_ROLES.get(name, ADMIN)
     if service == SUBAGENTS:
         return SUBAGENT_ROLES.get(name, ADMIN)
+    if service == COMPACTION:
+        return COMPACTION_ROLES.get(name, ADMIN)
     return ADMIN
 
 

@@ -15,11 +15,21 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
-from agentsessions.host.controller import approvals, cancel, fork, recovery, replay, sessions, turns
+from agentsessions.host.controller import (
+    approvals,
+    cancel,
+    compaction,
+    fork,
+    recovery,
+    replay,
+    sessions,
+    turns,
+)
 from agentsessions.host.controller.access import OPEN_ACCESS, SessionAccess
 from agentsessions.host.controller.admission import Admission, LiveAdmission
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.approvals import Decision
+from agentsessions.host.controller.compaction import Compacted, CompactionSettings, Compactor
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.drive import Driver, RunningTurns
@@ -31,6 +41,7 @@ from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
 from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
 from agentsessions.host.controller.replay import ReplayReport
+from agentsessions.host.controller.results import DEFAULT_CORRECTIONS, Settler
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
@@ -69,6 +80,8 @@ class Controller:
         access: SessionAccess | None = None,
         limits: Limits | None = None,
         live: LiveSettings | None = None,
+        result_corrections: int = DEFAULT_CORRECTIONS,
+        compaction: CompactionSettings | None = None,
     ) -> None:
         self.store = store
         # Request, record and concurrency limits; the servicer checks requests against them too.
@@ -121,7 +134,10 @@ class Controller:
             limits=self.limits,
             slots=ExecutionSlots(self.limits),
             admission=admission,
+            result_corrections=result_corrections,
+            compactor=Compactor(model, compaction or CompactionSettings()),
         )
+        driver.settle = Settler(self._core)  # turns bound to a result schema (results.py)
         self.live: LiveSessions | None = None
         if live is not None and live_store is not None and keeper is not None:
             assert isinstance(admission, LiveAdmission)
@@ -196,6 +212,12 @@ class Controller:
 
     async def resume(self, uid: str, *, call: CallContext = ANONYMOUS) -> SessionView:
         return await recovery.resume(self._core, call, uid)
+
+    async def compact(
+        self, uid: str, expected_last_seq: int | None = None, *, call: CallContext = ANONYMOUS
+    ) -> Compacted:
+        """Summarize the session at its head into a LIFECYCLE_BASELINE (compaction.py)."""
+        return await compaction.compact(self._core, call, uid, expected_last_seq)
 
     async def replay(self, uid: str, *, call: CallContext = ANONYMOUS) -> ReplayReport:
         """Controller replay: re-run every completed execution, zero model calls, nothing written."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentsessions.host.controller.access import SessionAccess
 from agentsessions.host.controller.admission import Admission
@@ -18,10 +19,14 @@ from agentsessions.host.controller.drive import Driver
 from agentsessions.host.controller.guard import SessionGuards
 from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.controller.results import DEFAULT_CORRECTIONS
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.limits import ExecutionSlots, Limits
+
+if TYPE_CHECKING:  # compaction imports the controller's sessions module, which imports the Core
+    from agentsessions.host.controller.compaction import Compactor
 
 
 @dataclass(frozen=True)
@@ -43,3 +48,7 @@ class Core:
     slots: ExecutionSlots  # executions running on this host, bounded by the limits
     # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
     admission: Admission
+    # Corrective turns a turn bound to a result schema may take (controller/results.py).
+    result_corrections: int = DEFAULT_CORRECTIONS
+    # The summarizer and the automatic compaction policy (controller/compaction.py).
+    compactor: Compactor | None = None

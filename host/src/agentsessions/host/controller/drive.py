@@ -26,6 +26,7 @@ from agentsessions.host.controller.errors import (
     ReplayDivergedError,
 )
 from agentsessions.host.controller.harnesses import ResolvedHarness
+from agentsessions.host.controller.results import Settle
 from agentsessions.host.controller.sink import ExecutionSink
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import ConflictError, FencedError, JournalUnavailableError, StoreError
@@ -90,6 +91,8 @@ class Driver:
 
     def __init__(self, running: RunningTurns) -> None:
         self.running = running
+        # How a completed execution bound to a result schema ends (results.Settler); None: END.
+        self.settle: Settle | None = None
 
     @traced_turn(cancelled=lambda exc: isinstance(exc, ExecutionCancelled))
     async def drive(
@@ -181,6 +184,10 @@ class Driver:
                         common_pb2.Event(kind=K.EVENT_ERROR, error=common_pb2.Error(description=str(failure)))
                     )
             raise err from failure
+        if self.settle is not None:
+            settled_by = await self.settle(uid, start, sink, writer)
+            if settled_by is not None:
+                return settled_by.parked
         await tail(common_pb2.Event(kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")))
         return None
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+from agentsessions.host.controller.baselines import Baselines
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2
@@ -25,6 +26,7 @@ class _Entry:
     events: list[common_pb2.Event]
     last_hash: str
     index: ExecutionIndex | None = field(default=None)
+    baselines: Baselines | None = field(default=None)
 
 
 class JournalCache:
@@ -48,6 +50,16 @@ class JournalCache:
             entry.index = None
             raise
         return entry.events, entry.index.order
+
+    def baselines(self, uid: str, events: list[common_pb2.Event]) -> Baselines:
+        """Where the LIFECYCLE_BASELINEs of ``events`` (the session's cached list) are, kept with
+        the entry so each record is looked at once (compaction.py)."""
+        entry = self._entries.get(uid)
+        if entry is None or entry.events is not events:
+            return Baselines(events)
+        if entry.baselines is None:
+            entry.baselines = Baselines(events)
+        return entry.baselines
 
     async def _entry(self, uid: str) -> _Entry:
         head = await self._store.head(uid)
@@ -97,15 +109,17 @@ class JournalCache:
 
 
 class Prefix(Sequence[common_pb2.Event]):
-    """The first ``len(events)`` events of a cached journal list, as they are now, without a copy
+    """Events ``start`` to ``length`` of a cached journal list, as they are now, without a copy
     (the cache only appends, so the prefix never changes): a turn's Start.history at turn
-    10,000 would otherwise copy 50,000 references."""
+    10,000 would otherwise copy 50,000 references. ``start``: a compacted session's history
+    begins at its latest baseline (compaction.py)."""
 
-    __slots__ = ("_events", "_length")
+    __slots__ = ("_events", "_length", "_start")
 
-    def __init__(self, events: list[common_pb2.Event], length: int | None = None) -> None:
+    def __init__(self, events: list[common_pb2.Event], length: int | None = None, start: int = 0) -> None:
         self._events = events
-        self._length = len(events) if length is None else length
+        self._start = start
+        self._length = (len(events) if length is None else length) - start
 
     def __len__(self) -> int:
         return self._length
@@ -118,12 +132,12 @@ class Prefix(Sequence[common_pb2.Event]):
 
     def __getitem__(self, index: int | slice) -> common_pb2.Event | list[common_pb2.Event]:
         if isinstance(index, slice):
-            return [self._events[i] for i in range(*index.indices(self._length))]
+            return [self._events[self._start + i] for i in range(*index.indices(self._length))]
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError("history index out of range")
-        return self._events[index]
+        return self._events[self._start + index]
 
     def __iter__(self) -> Iterator[common_pb2.Event]:
-        return itertools.islice(self._events, self._length)
+        return itertools.islice(self._events, self._start, self._start + self._length)

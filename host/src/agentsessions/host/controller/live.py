@@ -118,7 +118,10 @@ class _Following:
 
 def _exec_parts(p: ExecParams) -> list[Part]:
     # deadline_unix is left out: a per-attempt bound a retrying client may recompute.
-    return [p.session, p.harness, p.config, p.resume_from_seq, p.expected_last_seq, *p.inputs]
+    parts: list[Part] = [p.session, p.harness, p.config, p.resume_from_seq, p.expected_last_seq, *p.inputs]
+    if p.result_schema is not None:  # only then: the digests of keys taken before stay the same
+        parts.append(json.dumps(p.result_schema, sort_keys=True))
+    return parts
 
 
 def _row_parts(row: SessionRow) -> list[Part]:

@@ -4,6 +4,7 @@ and placed; shared by recovery and controller replay."""
 
 from __future__ import annotations
 
+from agentsessions.host.controller.baselines import history_start
 from agentsessions.host.controller.errors import (
     FailedPreconditionError,
     HarnessMismatchError,
@@ -64,7 +65,7 @@ async def reconstruct(
         session=row.uid,
         execution_id=ex.id,
         inputs=list(ex.inputs),
-        history=list(events[: ex.first_index]),
+        history=list(events[history_start(events, ex.first_index) : ex.first_index]),
         config=es.config,
         resume_from_seq=es.resume_from_seq,
     )

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import sessions
+from agentsessions.host.controller import compaction, results, sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.reconstruct import reconstruct
@@ -63,6 +63,12 @@ async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
         for ex in executions
         if ex.completed and not (ex.legacy and not ex.inputs) and not was_cancelled(events, ex)
     ]
+    for ex in completed:
+        if compaction.is_compaction(ex):  # its effect is its record: checked, never re-run
+            differs = compaction.replayed(events, ex)
+            if differs is not None:
+                raise ReplayDivergedError(f"execution {ex.id}: compaction: {differs}")
+    completed = [ex for ex in completed if not compaction.is_compaction(ex)]
     plans = [await reconstruct(core.catalog, row, ex, events) for ex in completed]
     outputs: list[str] = []
     calls = 0
@@ -82,6 +88,9 @@ async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
             raise ReplayDivergedError(
                 f"execution {ex.id}: harness left {sink.unconsumed()} recorded effects unconsumed"
             )
+        differs = results.replayed([e for e in events if e.execution_id == ex.id]) if ex.id else None
+        if differs is not None:
+            raise ReplayDivergedError(f"execution {ex.id}: result schema: {differs}")
         calls += sink.counters.model_calls
         for eff in recorded.effects:
             if eff.kind == "model":

@@ -116,6 +116,7 @@ class ExecutionSink:
         self._usage_left = recorded_usage
         self._live = live
         self._on_delta = on_delta
+        self.delta_sink = on_delta  # where this execution's deltas go (a corrective turn's too)
         self._delta_batching = delta_batching or DeltaBatching()
         self._inherited = inherited_prefix
         self._redrive_model = redrive_trailing_model

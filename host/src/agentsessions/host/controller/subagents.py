@@ -540,7 +540,12 @@ class Subagents:
         if child is None or child[1] is not None:
             return uid  # its turn was submitted before
         head = (await core.store.head(uid)).seq
-        p = ExecParams(session=uid, inputs=[text_message("user", args.prompt)], expected_last_seq=head)
+        p = ExecParams(
+            session=uid,
+            inputs=[text_message("user", args.prompt)],
+            expected_last_seq=head,
+            result_schema=args.result_schema,  # the child's turn settles against it (docs/results.md)
+        )
         try:
             await self.submitter.submit(p, "reject", self.host)
             self.children_started += 1

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import approvals, compute, recovery, sessions
+from agentsessions.host.controller import approvals, compaction, compute, recovery, results, sessions
 from agentsessions.host.controller.admission import Ticket
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.drive import settled
@@ -28,7 +29,6 @@ from agentsessions.host.controller.errors import (
 )
 from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
-from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.store import SessionRow
@@ -54,6 +54,7 @@ class ExecParams:
     deadline_unix: int = 0
     execution_id: str = ""  # set by the host for a turn it planned (a queued one); else minted
     ticket: Ticket | None = None  # what the host's admission carries besides the request
+    result_schema: Mapping[str, Any] | None = None  # a checked JSON Schema (controller/results.py)
 
 
 class Relay:
@@ -161,21 +162,28 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         return await _recover(turn, turn.recovery, relay)
     # As read at admission: the guard has kept this host's writers out since.
     events, expected = await core.admission.prepare(core, row, p, turn.events, turn.interrupted)
-    history = Prefix(events)  # the journal as admitted, not a copy of it
+    if expected == len(events) and await compaction.before_turn(core, row, events):
+        events = await core.cache.events(row.uid)  # --compact-above-events: a baseline first
+        expected = len(events)
+    # The journal as admitted (from its latest baseline on), not a copy of it.
+    history = compaction.history(core, row.uid, events, len(events))
     await compute.attach(resolved, row.uid)
     execution_id = p.execution_id or core.new_id()
+    inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
+    binding = results.bind_turn(p.result_schema, core.result_corrections)
+    if binding is not None:  # the schema is journaled with the turn, as the host's last input
+        inputs.append(results.schema_input(execution_id, binding))
     start_event = common_pb2.Event(
         execution_id=execution_id,
         kind=K.EVENT_EXECUTION_START,
         execution_start=common_pb2.ExecutionStart(
             config=p.config,
             resume_from_seq=p.resume_from_seq,
-            input_count=len(p.inputs),
+            input_count=len(inputs),
             harness=resolved.name,
             harness_version=desc.version,
         ),
     )
-    inputs = [common_pb2.Event(execution_id=execution_id, kind=K.EVENT_INPUT, message=m) for m in p.inputs]
     # The incarnation's fence is minted by its first append, in the same transaction: one durable
     # commit, and only the writer that wins the head supersedes the one before it.
     records = await core.admission.start(core, row, p, [start_event, *inputs], expected)
@@ -184,7 +192,7 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
     start = Start(
         session=row.uid,
         execution_id=execution_id,
-        inputs=list(p.inputs),
+        inputs=[e.message for e in inputs],
         history=history,
         config=p.config,
         resume_from_seq=p.resume_from_seq,

@@ -8,11 +8,13 @@ log, telemetry, authentication, idempotency keys); the translation rules are Ses
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Final
 
 from agentsessions.ext.v1 import live_pb2, live_pb2_grpc
 from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller import results
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.detached import OnBusy
 from agentsessions.host.controller.errors import InvalidArgumentError
@@ -22,6 +24,7 @@ from agentsessions.host.controller.watch import QueueView
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.sessions import exec_params, streaming_handler, unary_handler
+from agentsessions.sdk import convert
 from agentsessions.v1 import common_pb2, session_pb2
 
 SERVICE_NAME: str = live_pb2.DESCRIPTOR.services_by_name["LiveSessions"].full_name
@@ -76,8 +79,6 @@ class LiveSessionsServicer(live_pb2_grpc.LiveSessionsServicer):
     async def Submit(self, request: live_pb2.SubmitRequest, call: CallContext) -> live_pb2.SubmitResponse:
         if not request.HasField("exec"):
             raise InvalidArgumentError("exec", "is required (the turn, as Exec takes it)")
-        if request.HasField("result_schema"):
-            raise InvalidArgumentError("result_schema", "structured results are not served by this host")
         on_busy = _ON_BUSY.get(request.on_busy)
         if on_busy is None:
             raise InvalidArgumentError("on_busy", f"{request.on_busy} is not an OnBusy value")
@@ -85,6 +86,17 @@ class LiveSessionsServicer(live_pb2_grpc.LiveSessionsServicer):
             params = exec_params(request.exec, self.limits)
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"exec.{exc.field}", exc.rule) from None
+        if request.HasField("result_schema"):
+            if on_busy == "enqueue":
+                raise InvalidArgumentError(
+                    "result_schema",
+                    "cannot be combined with on_busy ON_BUSY_ENQUEUE: a queued turn keeps its inputs only",
+                )
+            try:
+                schema = results.check_schema(convert.dict_from_struct(request.result_schema))
+            except results.ResultSchemaError as exc:
+                raise InvalidArgumentError("result_schema", str(exc)) from None
+            params = dataclasses.replace(params, result_schema=schema)
         submitted = await self.live.submit(params, on_busy, call)
         response = live_pb2.SubmitResponse(session=session_proto(submitted.view), queued=submitted.queued)
         if submitted.queued:

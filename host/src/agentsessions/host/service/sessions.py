@@ -10,6 +10,7 @@ once and handed to the controller explicitly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import NoReturn, TypeVar
@@ -26,6 +27,7 @@ from agentsessions.host.controller.fork import ForkParams
 from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.limits import MAX_READABLE_BYTES, Limits
+from agentsessions.host.service import result_schema
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.status import status_of
@@ -143,9 +145,11 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         self, request: session_pb2.ExecRequest, call: CallContext
     ) -> AsyncGenerator[session_pb2.ExecUpdate | bytes, None]:
         encoded = self.pre_encoded
-        async with self.controller.admit_exec(
-            _exec_params(request, self.controller.limits), call=call
-        ) as turn:
+        params = _exec_params(request, self.controller.limits)
+        schema = result_schema.requested()  # the agentsessions-result-schema metadata, checked
+        if schema is not None:
+            params = dataclasses.replace(params, result_schema=schema)
+        async with self.controller.admit_exec(params, call=call) as turn:
             yield session_pb2.ExecUpdate(session=session_proto(turn.view))
             async for update in turn.run():
                 if isinstance(update, common_pb2.LogRecord):

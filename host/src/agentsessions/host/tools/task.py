@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from google.protobuf import json_format, struct_pb2
 
+from agentsessions.host.controller.results import ResultSchemaError, check_schema
 from agentsessions.v1 import common_pb2, harness_pb2
 
 TASK_TOOL: Final = "task"
@@ -80,8 +81,13 @@ def parse_task_args(args: Mapping[str, Any]) -> TaskArgs:
     if fork and harness:
         raise TaskArgumentError("harness", "cannot be combined with fork: a fork runs the parent's harness")
     schema = args.get("result_schema")
-    if schema is not None and not isinstance(schema, dict):
-        raise TaskArgumentError("result_schema", "must be " + TASK_ARGUMENTS["result_schema"])
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise TaskArgumentError("result_schema", "must be " + TASK_ARGUMENTS["result_schema"])
+        try:
+            schema = check_schema(schema)  # the rules a Submit's result_schema meets (docs/results.md)
+        except ResultSchemaError as exc:
+            raise TaskArgumentError("result_schema", str(exc)) from None
     return TaskArgs(prompt=prompt, harness=harness, fork=fork, result_schema=schema)
 
 
@@ -90,9 +96,9 @@ def result_parts(
 ) -> list[common_pb2.Part]:
     """What a child that completed gives its parent: its final output's parts.
 
-    The one hook for structured results: the ``results`` branch validates ``result_schema`` against the
-    child's final output here (and returns its validated data part); until then the schema is passed
-    through unchecked.
+    A child started with ``result_schema`` ran a turn bound to it (controller/results.py): it
+    completed only with a result that validates, and its final output is that result as a data
+    part; one that never validated ended FAILED and comes back as an error result instead.
     """
-    del result_schema  # validated by the results branch (docs/subagents.md)
+    del result_schema  # already enforced by the child's own turn
     return list(final.parts) if final is not None else []

@@ -1,0 +1,47 @@
+"""Where a journal's LIFECYCLE_BASELINEs are: a compacted session's Start.history begins at the
+latest one before the turn (compaction.py)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from agentsessions.v1 import common_pb2
+
+_LIFECYCLE = int(common_pb2.EVENT_LIFECYCLE)
+_BASELINE = int(common_pb2.Lifecycle.LIFECYCLE_BASELINE)
+
+
+def is_baseline(event: common_pb2.Event) -> bool:
+    return event.kind == _LIFECYCLE and event.lifecycle.kind == _BASELINE
+
+
+def history_start(events: Sequence[common_pb2.Event], end: int) -> int:
+    """The index of the latest LIFECYCLE_BASELINE among ``events[:end]`` (0: there is none): where
+    the Start.history of a turn whose EXECUTION_START is record ``end + 1`` begins."""
+    for index in range(end - 1, -1, -1):
+        if is_baseline(events[index]):
+            return index
+    return 0
+
+
+class Baselines:
+    """Where the baselines of one cached journal list are, found once per record (a turn's history
+    start costs no scan of the session)."""
+
+    __slots__ = ("events", "indexes", "scanned")
+
+    def __init__(self, events: list[common_pb2.Event]) -> None:
+        self.events = events
+        self.indexes: list[int] = []
+        self.scanned = 0
+
+    def start(self, end: int) -> int:
+        events, indexes = self.events, self.indexes
+        for index in range(self.scanned, len(events)):
+            event = events[index]
+            if event.kind == _LIFECYCLE and event.lifecycle.kind == _BASELINE:
+                indexes.append(index)
+        self.scanned = len(events)
+        position = bisect_left(indexes, end) - 1
+        return indexes[position] if position >= 0 else 0
