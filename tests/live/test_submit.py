@@ -221,6 +221,9 @@ async def test_a_plain_exec_turn_is_cancelled_when_its_caller_leaves(host: LiveH
     )
     assert records[-1].event.error.description == "execution cancelled: the caller went away"
     assert ends(records) == []
+    # The cancelled turn lets go of the session just after its ERROR is durable.
+    async with host.controller.guards.hold_when_free(uid):
+        pass
     # Not interrupted work: a new turn runs, and nothing recovers the abandoned one.
     host.harness.open("next")
     after = [u async for u in host.client.exec(uid, "next")]
