@@ -330,3 +330,29 @@ def test_validate_result_names_the_path_and_the_rule() -> None:
     nested = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}}}
     wrong = results.validate_result({"items": [1, "x"]}, nested)
     assert wrong == "at['items'][1]: 'x' is not of type 'integer'"
+
+
+async def test_a_retried_keyed_exec_streams_the_corrective_turns_too(
+    host: Host, endpoint: ScriptedEndpoint
+) -> None:
+    """A keyed Exec retried after its schema-bound turn settled streams what the first call did:
+    the turn and its corrective turns, to the last END (not only the execution it admitted)."""
+    endpoint.script(Reply.completion("The city is Lyon."), Reply.completion(VALID))
+    uid = await new_session(host)
+    request = session_pb2.ExecRequest(session=uid, inputs=[text_message("user", "Which city?")])
+    metadata = ((results.METADATA_KEY, json.dumps(SCHEMA)), ("idempotency-key", "city-1"))
+    first = [
+        u.record
+        for u in [u async for u in host.sessions.Exec(request, metadata=metadata)]
+        if u.HasField("record")
+    ]
+    again = [
+        u.record
+        for u in [u async for u in host.sessions.Exec(request, metadata=metadata)]
+        if u.HasField("record")
+    ]
+    records = await host.records(uid)
+    assert [r.event.end.state for r in records if r.event.kind == K.EVENT_END] == ["COMPLETED", "COMPLETED"]
+    assert first == records
+    assert again == first
+    assert len(endpoint.received) == 2  # the retry ran nothing

@@ -28,6 +28,7 @@ from agentsessions.host.controller.state import SessionView, open_gate
 from agentsessions.host.journal.feed import HeadMoved, QueueChanged, SessionDeleted, Subscription
 from agentsessions.host.journal.live import RETRY, RUNNING, LiveStore, QueuedTurn
 from agentsessions.host.journal.store import SessionNotFoundError
+from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.v1 import common_pb2, session_pb2
 
 K = common_pb2
@@ -245,10 +246,30 @@ async def follow_execution(
     ended: common_pb2.HarnessEnd | None = None
     end_seq = 0
     look = False  # something happened that may have settled how the execution stands
+    # An EXECUTION_START right after this execution's END: the settling's corrective turn, when the
+    # record after it is the host's results INPUT (controller/results.py, one append with the END).
+    pending: common_pb2.LogRecord | None = None
     with live.feed.subscribe(uid) as sub:
         async for item in _follow(core, uid, start_seq, sub, poll_s):
             if isinstance(item, common_pb2.LogRecord):
                 event = item.event
+                if pending is not None:
+                    start, pending = pending, None
+                    if (
+                        item.seq == start.seq + 1
+                        and event.kind == K.EVENT_INPUT
+                        and event.execution_id == start.event.execution_id
+                        and event.actor.principal == RESULTS_PRINCIPAL
+                    ):
+                        # The Exec that admitted the turn streams its corrective turns too.
+                        execution_id, ended, end_seq = event.execution_id, None, 0
+                        yield start
+                        yield item
+                        last = item.seq
+                        continue
+                if ended is not None and event.kind == K.EVENT_EXECUTION_START and item.seq == end_seq + 1:
+                    pending = item
+                    continue
                 if event.execution_id == execution_id:
                     yield item
                     last = item.seq
