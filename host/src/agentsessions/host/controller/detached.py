@@ -15,7 +15,6 @@ and then runs the new turn ahead of any queued ones.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -28,6 +27,7 @@ from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import cancel, sessions, turns
 from agentsessions.host.controller.admission import LiveAdmission, Ticket
 from agentsessions.host.controller.core import Core
+from agentsessions.host.controller.drive import cancelled
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
     ControllerError,
@@ -183,12 +183,7 @@ class DetachedTurns:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         if keeper is not None:
             keeper.drain()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancelled(list(self._tasks))
 
 
 def exec_request(p: ExecParams) -> session_pb2.ExecRequest:
@@ -254,12 +249,7 @@ class TurnQueue:
             self.kick(uid)
 
     async def close(self) -> None:
-        tasks = list(self._advancing.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancelled(list(self._advancing.values()))
 
     async def _advance(self, uid: str) -> None:
         core = self.core

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +197,16 @@ async def settled(task: asyncio.Task[Any]) -> None:
     """Wait for ``task`` to end, whatever it ends with."""
     with contextlib.suppress(BaseException):
         await task
+
+
+async def cancelled(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel each of ``tasks`` (None: none there), then wait for each to end: how the host's
+    background parts (recoverer, subagents, queues, lease renewal) stop."""
+    present = [t for t in tasks if t is not None]
+    for task in present:
+        task.cancel()
+    for task in present:
+        await settled(task)
 
 
 def _classify(exc: BaseException) -> ControllerError | JournalUnavailableError:

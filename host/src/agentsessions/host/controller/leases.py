@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host import logs
-from agentsessions.host.controller.drive import Driver, RunningTurns
+from agentsessions.host.controller.drive import Driver, RunningTurns, cancelled
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
     ExecutionCancelled,
@@ -163,11 +163,8 @@ class LeaseKeeper:
             self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
+        await cancelled((self._task,))
+        self._task = None
         if self._stopping:
             await asyncio.wait(list(self._stopping), timeout=self._cancel_grace_s)
         with contextlib.suppress(StoreError):

@@ -33,6 +33,7 @@ from agentsessions.host import logs
 from agentsessions.host.controller import approvals, recovery, sessions
 from agentsessions.host.controller.admission import busy_elsewhere
 from agentsessions.host.controller.core import Core
+from agentsessions.host.controller.drive import cancelled
 from agentsessions.host.controller.errors import ControllerError, InvalidExecutionLogError
 from agentsessions.host.controller.executions import Execution, latest_execution, recorded_effects
 from agentsessions.host.controller.leases import LeaseKeeper
@@ -203,12 +204,7 @@ class Recoverer:
             self._task.cancel()
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._working.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancelled((self._task, *self._working.values()))
         self._task = None
 
     async def _keep(self) -> None:

@@ -29,6 +29,7 @@ from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import cancel, fork, sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.detached import Submitter
+from agentsessions.host.controller.drive import cancelled
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
     ControllerError,
@@ -255,12 +256,7 @@ class Subagents:
         self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._looking) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancelled((self._task, *self._looking))
         self._task = None
 
     async def _adopt(self) -> None:
