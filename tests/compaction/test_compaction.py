@@ -1,4 +1,5 @@
-"""Compaction over real gRPC: ``SessionCompaction.Compact`` and ``--compact-above-events`` write a
+"""Compaction over real gRPC: ``SessionCompaction.Compact``, ``--compact-above-events`` and
+``--compact-above-bytes`` write a
 LIFECYCLE_BASELINE carrying the summarizer's answer (a host model call to a scripted
 chat-completions endpoint on loopback, journaled like any model call); later turns' Start.history
 begins at it; nothing is deleted, the chain verifies, and replay (zero model calls) and fork work
@@ -7,6 +8,7 @@ survive a compaction."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from grpc import aio
 from agentsessions.ext.v1 import compaction_pb2, compaction_pb2_grpc
 from agentsessions.host.auth.interceptor import required_role
 from agentsessions.host.auth.principals import ADMIN, WRITER
+from agentsessions.host.config import ConfigError, HostConfig, add_arguments
 from agentsessions.host.controller.compaction import COMPACTOR, INSTRUCTION, CompactionSettings
 from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
 from agentsessions.host.journal.sqlite import SqliteStore
@@ -198,6 +201,102 @@ async def test_compaction_above_a_number_of_events_keeps_every_history_bounded(s
             assert index - begin <= 12 + 6  # at most the policy plus one compaction's records
         report = await host.controller.replay(uid)
         assert report.executions == 12 and report.model_calls == 0
+
+
+BIG = 12_000  # characters in one input: its INPUT and the echoed OUTPUT are each over that in bytes
+
+
+def compactions(events: list[common_pb2.Event]) -> list[int]:
+    """Where the compactions' EXECUTION_STARTs are."""
+    return [
+        i
+        for i, e in enumerate(events)
+        if e.kind == K.EVENT_EXECUTION_START and e.execution_start.harness == COMPACTOR
+    ]
+
+
+async def test_compaction_above_a_number_of_bytes_compacts_a_history_of_few_big_events(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("x" * BIG),
+        Reply.completion("The user sent a long text; the assistant answered at length."),
+        Reply.completion("ok"),
+    )
+    model = OpenAIModel("gpt-test", base_url=endpoint.base_url, stream=False)
+    # The events threshold alone would never trigger here (a chat turn is 6 records): the bytes do.
+    settings = CompactionSettings(above_events=1000, above_bytes=20_000)
+    async with running_host(store, model=model, compaction=settings) as host:
+        uid = await new_session(host)
+        await chat_turn(host, uid, "y" * BIG)
+        first = [r.event for r in await store.read(uid)]
+        assert compactions(first) == [] and sum(e.ByteSize() for e in first) > 20_000 and len(first) < 10
+        await chat_turn(host, uid, "short")
+        events = await _events(store, uid)
+        # Compacted before the second turn: the compaction, its baseline, then the turn.
+        (at,) = compactions(events)
+        assert at == len(first)
+        assert [e.kind for e in events[at:]] == [
+            K.EVENT_EXECUTION_START, K.EVENT_MODEL_CALL, K.EVENT_OUTPUT, K.EVENT_END, K.EVENT_LIFECYCLE,
+            K.EVENT_EXECUTION_START, K.EVENT_INPUT, K.EVENT_MODEL_CALL, K.EVENT_OUTPUT, K.EVENT_END,
+        ]  # fmt: skip
+        baseline = events[at + 4]
+        assert baseline.lifecycle.kind == LK.LIFECYCLE_BASELINE
+        assert baseline.lifecycle.detail == "The user sent a long text; the assistant answered at length."
+        # The second turn's model request starts from the summary, none of the big texts.
+        assert sent(endpoint, 2) == [
+            {"role": "user", "content": SUMMARY_PREFIX + baseline.lifecycle.detail},
+            {"role": "user", "content": "short"},
+        ]
+        assert await store.verify(uid) == len(events)
+
+
+async def test_below_the_bytes_threshold_nothing_is_compacted(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(*(Reply.completion(f"answer {i}") for i in range(4)))
+    model = OpenAIModel("gpt-test", base_url=endpoint.base_url, stream=False)
+    async with running_host(store, model=model, compaction=CompactionSettings(above_bytes=20_000)) as host:
+        uid = await new_session(host)
+        for i in range(4):
+            await chat_turn(host, uid, f"question {i}")
+        events = await _events(store, uid)
+        assert sum(e.ByteSize() for e in events) < 20_000
+        assert compactions(events) == []
+        assert not any(e.kind == K.EVENT_LIFECYCLE for e in events)
+        assert len(endpoint.received) == 4  # no summarizer call
+
+
+def resolve(argv: list[str], environ: dict[str, str] | None = None) -> HostConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return HostConfig.from_sources(parser.parse_args(argv), environ or {})
+
+
+def test_the_compaction_thresholds_as_flags_and_variables() -> None:
+    assert (resolve([]).compact_above_events, resolve([]).compact_above_bytes) == (0, 0)
+    config = resolve(["--compact-above-bytes", "65536", "--compact-above-events", "50"])
+    assert (config.compact_above_events, config.compact_above_bytes) == (50, 65536)
+    assert resolve([], {"AGENTSESSIONS_COMPACT_ABOVE_BYTES": "4096"}).compact_above_bytes == 4096
+    flag_wins = resolve(["--compact-above-bytes", "10"], {"AGENTSESSIONS_COMPACT_ABOVE_BYTES": "4096"})
+    assert flag_wins.compact_above_bytes == 10
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["--compact-above-bytes", "-1"], {}, "--compact-above-bytes -1 must be 0 (off) or more"),
+        (["--compact-above-events", "-1"], {}, "--compact-above-events -1 must be 0 (off) or more"),
+        (["--compact-above-bytes", "1MiB"], {}, "--compact-above-bytes '1MiB' is not an integer"),
+        ([], {"AGENTSESSIONS_COMPACT_ABOVE_BYTES": "-5"}, "--compact-above-bytes -5 must be 0 (off) or more"),
+    ],
+)
+def test_a_refused_threshold_names_its_flag_and_rule(
+    argv: list[str], environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        resolve(argv, environ)
+    assert str(refused.value) == message
 
 
 async def test_compact_refuses_what_it_cannot_do(store: JournalStore, endpoint: ScriptedEndpoint) -> None:

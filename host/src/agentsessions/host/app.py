@@ -182,7 +182,9 @@ async def build_controller(
         limits=config.limits,
         live=live_settings(config, authenticated=access is not None) if live else None,
         result_corrections=config.result_corrections,
-        compaction=CompactionSettings(above_events=config.compact_above_events),
+        compaction=CompactionSettings(
+            above_events=config.compact_above_events, above_bytes=config.compact_above_bytes
+        ),
     )
     app.controller = controller
     if controller.live is not None:

@@ -131,6 +131,8 @@ class HostConfig:
     result_corrections: int = results.DEFAULT_CORRECTIONS
     # Compact before a turn whose history since the latest baseline holds more events (0: never).
     compact_above_events: int = 0
+    # ... or more bytes of encoded events (0: never); either threshold triggers.
+    compact_above_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_listen_address("--listen", self.listen)
@@ -177,6 +179,8 @@ class HostConfig:
         self._check_live()
         if self.compact_above_events < 0:
             raise ConfigError(f"--compact-above-events {self.compact_above_events} must be 0 (off) or more")
+        if self.compact_above_bytes < 0:
+            raise ConfigError(f"--compact-above-bytes {self.compact_above_bytes} must be 0 (off) or more")
         if not 0 <= self.result_corrections <= results.MAX_CORRECTIONS:
             raise ConfigError(
                 f"--result-corrections {self.result_corrections} must be 0 to {results.MAX_CORRECTIONS}"
@@ -307,6 +311,7 @@ class HostConfig:
             **_live_from_sources(args, environ),
             result_corrections=_integer(args, environ, "--result-corrections", results.DEFAULT_CORRECTIONS),
             compact_above_events=_integer(args, environ, "--compact-above-events", 0),
+            compact_above_bytes=_integer(args, environ, "--compact-above-bytes", 0),
         )
 
 
@@ -599,6 +604,13 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"compact a session (a summary as its new baseline) before a turn whose history since "
         f"the latest baseline holds more than N events (env {env}COMPACT_ABOVE_EVENTS; default 0: never)",
+    )
+    parser.add_argument(
+        "--compact-above-bytes",
+        metavar="N",
+        help=f"compact a session before a turn whose history since the latest baseline is more than N "
+        f"bytes of encoded events (env {env}COMPACT_ABOVE_BYTES; default 0: never; with "
+        "--compact-above-events, either triggers)",
     )
 
 

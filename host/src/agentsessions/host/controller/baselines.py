@@ -26,15 +26,17 @@ def history_start(events: Sequence[common_pb2.Event], end: int) -> int:
 
 
 class Baselines:
-    """Where the baselines of one cached journal list are, found once per record (a turn's history
-    start costs no scan of the session)."""
+    """Where the baselines of one cached journal list are, and how many encoded bytes its events
+    hold, found once per record (a turn's history start and size cost no scan of the session)."""
 
-    __slots__ = ("events", "indexes", "scanned")
+    __slots__ = ("events", "indexes", "scanned", "sizes")
 
     def __init__(self, events: list[common_pb2.Event]) -> None:
         self.events = events
         self.indexes: list[int] = []
         self.scanned = 0
+        # sizes[i]: the encoded bytes of events[:i], counted only once someone asks (a byte threshold).
+        self.sizes: list[int] = [0]
 
     def start(self, end: int) -> int:
         events, indexes = self.events, self.indexes
@@ -45,3 +47,12 @@ class Baselines:
         self.scanned = len(events)
         position = bisect_left(indexes, end) - 1
         return indexes[position] if position >= 0 else 0
+
+    def encoded_bytes(self, start: int, end: int) -> int:
+        """The encoded size of ``events[start:end]``: the sum of the events' protobuf sizes."""
+        events, sizes = self.events, self.sizes
+        total = sizes[-1]
+        for index in range(len(sizes) - 1, end):
+            total += events[index].ByteSize()
+            sizes.append(total)
+        return sizes[end] - sizes[start]

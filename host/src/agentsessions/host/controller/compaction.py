@@ -14,7 +14,9 @@ and compaction happens again when it is asked for next. Replay does not re-run a
 effect is its record); it checks that its baseline carries the summary its OUTPUT holds.
 
 Compaction runs on request (``SessionCompaction.Compact``) or, with ``--compact-above-events N``,
-before a turn whose history would hold more than N events since the latest baseline.
+before a turn whose history would hold more than N events since the latest baseline, and with
+``--compact-above-bytes N`` before one whose history would be more than N bytes of encoded events
+(the sum of the events' protobuf sizes, the baseline included); with both, either triggers.
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ ASK: Final = "Summarize the conversation above."
 @dataclass(frozen=True)
 class CompactionSettings:
     """``above_events``: compact before a turn whose history since the latest baseline holds more
-    events than this (0: never by itself); ``model``: the summarizer model ("" the provider's)."""
+    events than this (0: never by itself); ``above_bytes``: ... or more bytes of encoded events
+    (0: never by itself); ``model``: the summarizer model ("" the provider's)."""
 
     above_events: int = 0
+    above_bytes: int = 0
     model: str = ""
 
 
@@ -113,11 +117,16 @@ async def before_turn(core: Core, row: SessionRow, events: list[common_pb2.Event
     """Compact before a new turn when the policy asks for it; whether it did. A failed summarizer
     call is logged and the turn goes on with its whole history."""
     compactor = core.compactor
-    if compactor is None or compactor.settings.above_events <= 0 or compactor.model is None:
+    if compactor is None or compactor.model is None:
+        return False
+    above_events, above_bytes = compactor.settings.above_events, compactor.settings.above_bytes
+    if above_events <= 0 and above_bytes <= 0:
         return False
     head = len(events)
-    start = core.cache.baselines(row.uid, events).start(head)
-    if head - start <= compactor.settings.above_events:
+    baselines = core.cache.baselines(row.uid, events)
+    start = baselines.start(head)
+    by_events = above_events > 0 and head - start > above_events
+    if not by_events and not (above_bytes > 0 and baselines.encoded_bytes(start, head) > above_bytes):
         return False
     try:
         await _summarize(core, compactor, row, events, head)
