@@ -323,6 +323,17 @@ async def test_a_schema_cannot_ride_a_queued_turn(host: Host) -> None:
     assert (refused.value.details() or "").startswith("result_schema: cannot be combined with on_busy")
 
 
+def test_a_corrective_input_says_what_failed_within_a_bound() -> None:
+    binding = results.Binding(SCHEMA, 1, 2)
+    text = "".join(
+        p.text.text for p in results.schema_input("e", binding, "at the root: " + "x" * 100_000).message.parts
+    )
+    first = text.splitlines()[0]
+    assert first.startswith("Your previous answer did not satisfy the result schema: at the root: xxx")
+    assert first.endswith("...") and len(first) < results.MAX_FAILED_CHARS + 100
+    assert results.binding_of([results.schema_input("e", binding, "x" * 100_000)]) == binding
+
+
 def test_validate_result_names_the_path_and_the_rule() -> None:
     assert results.validate_result({"city": "Lyon", "population": 1}, SCHEMA) is None
     missing = results.validate_result({"city": "Lyon"}, SCHEMA)

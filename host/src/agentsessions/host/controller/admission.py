@@ -89,6 +89,13 @@ class Admission:
         """Where a live turn's deltas go: the Exec stream (``relay``)."""
         return relay
 
+    async def follow_on(
+        self, core: Core, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int
+    ) -> list[common_pb2.LogRecord]:
+        """One execution's END and the next one's EXECUTION_START and INPUTs (a corrective turn,
+        ``results.py``) in one append at ``head``; the records carry the fence the next one runs under."""
+        return await core.writer.append(uid, events, head, fence)
+
 
 # Recovers an interrupted execution under the guard its caller holds (recoverer.py).
 Recover = Callable[["Core", SessionRow, Execution], Awaitable[object]]
@@ -194,6 +201,26 @@ class LiveAdmission(Admission):
             await relay(delta)
 
         return both
+
+    async def follow_on(
+        self, core: Core, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int
+    ) -> list[common_pb2.LogRecord]:
+        """As a new turn is admitted: the next execution's lease in the transaction of its
+        EXECUTION_START (under a fence minted there), so a crash right after it leaves an
+        execution the recoverer finds by its lease."""
+        execution_id = next(e.execution_id for e in events if e.kind == common_pb2.EVENT_EXECUTION_START)
+        normalized = [canon.normalize_event(e) for e in events]
+        try:
+            with journal_append(uid, len(normalized)) as span:
+                records = await self.live.admit(uid, normalized, head, self.keeper.fresh(uid, execution_id))
+                span.wrote(records)
+        except ConflictError as exc:
+            raise ConcurrencyError(f"session {uid}: {exc}") from exc
+        except FencedError as exc:
+            raise ConcurrencyError(f"session {uid}: superseded by a newer writer: {exc}") from exc
+        self.keeper.adopted(uid, execution_id)
+        core.cache.appended(uid, records)
+        return records
 
 
 def _awaits_decision(events: list[common_pb2.Event], executions: list[Execution]) -> bool:

@@ -49,6 +49,8 @@ MAX_CORRECTIONS: Final = 10
 # A schema is journaled in every input of its turn: kept well under a record.
 MAX_SCHEMA_BYTES: Final = 64 * 1024
 FAILURE: Final = "result_schema_invalid"
+# What a corrective turn's INPUT says of the failure at most (characters).
+MAX_FAILED_CHARS: Final = 4000
 # The request metadata that binds an Exec to a schema (JSON text).
 METADATA_KEY: Final = "agentsessions-result-schema"
 
@@ -146,6 +148,8 @@ class Binding:
 
 def schema_input(execution_id: str, b: Binding, failed: str = "") -> common_pb2.Event:
     """The host's INPUT that binds an execution: what to answer (and what failed), the schema."""
+    if len(failed) > MAX_FAILED_CHARS:  # a validation message quotes the answer: kept well under a record
+        failed = failed[:MAX_FAILED_CHARS] + "..."
     lines = [f"Your previous answer did not satisfy the result schema: {failed}"] if failed else []
     lines += [_ASK, json.dumps(b.schema, sort_keys=True, separators=(",", ":"))]
     return K.Event(
@@ -308,8 +312,10 @@ class Settler:
             ),
             schema_input(next_id, follow, error),
         ]
-        records = await core.writer.append(uid, batch, writer.head, writer.fence)
-        writer.head = records[-1].seq
+        # Admitted as a new turn is (with its lease, on a host with leases): a crash from here on
+        # leaves a corrective turn the recoverer finishes.
+        records = await core.admission.follow_on(core, uid, batch, writer.head, writer.fence)
+        writer.head, writer.fence = records[-1].seq, records[-1].fence
         if writer.on_record is not None:
             for rec in records:
                 await writer.on_record(rec)
