@@ -2,7 +2,8 @@
 journals, the model a
 scripted chat-completions endpoint on loopback): a parent delegating to two children in parallel
 completes after both with one park; a failing child is an error result carrying its error and partial
-output; bad arguments and limits get precise error results at once; Cancel and Delete cascade; a
+output; bad arguments and limits get precise error results at once; Cancel, Delete and Submit
+ON_BUSY_INTERRUPT cascade; a
 person cannot decide a task gate; the links are served over gRPC."""
 
 from __future__ import annotations
@@ -332,6 +333,54 @@ async def test_cancel_of_a_waiting_parent_cascades_to_its_children(
     (end,) = ends(kid)
     assert end.event.end.state == "CANCELED"
     assert end.event.end.error.description == f"its parent session {uid} was cancelled"
+
+
+async def test_submit_interrupt_of_a_waiting_parent_cancels_its_children_and_nothing_wakes_it(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
+        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
+        Reply.completion("a fresh answer"),
+    )
+    async with world(store, endpoint, settings(max_depth=2)) as host:
+        uid, updates = await delegate(host)
+        first = updates[-1].session.pending_approval.execution_id
+        child = child_uid(uid, first, "c")
+        assert await host.harness.next_started() == "hold me"  # the grandchild runs, held by the test
+        waiting = await host.wait_for(
+            child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "the child's wait"
+        )
+        grandchild = child_uid(child, execution_of(waiting), "g")
+
+        answer = await host.live.Submit(
+            live_pb2.SubmitRequest(
+                exec=exec_request(uid, "never mind, answer this"), on_busy=live_pb2.ON_BUSY_INTERRUPT
+            ),
+            timeout=30,
+        )
+        assert answer.execution_id != first
+        # Each child's turn ended CANCELED, saying which parent's interruption or cancel ended it.
+        for session, why in (
+            (child, f"its parent session {uid} was interrupted by a newer turn (Submit ON_BUSY_INTERRUPT)"),
+            (grandchild, f"its parent session {child} was cancelled"),
+        ):
+            (end,) = ends(await settled(host, session))
+            assert (end.event.end.state, end.event.end.error.description) == ("CANCELED", why)
+        records = await host.wait_for(uid, lambda rs: len(ends(rs)) == 2, "the new turn's END")
+        assert [(e.event.execution_id, e.event.end.state) for e in ends(records)] == [
+            (first, "CANCELED"),
+            (answer.execution_id, "COMPLETED"),
+        ]
+        assert output(records) == "a fresh answer"
+        # Nothing decides the interrupted parent's call, now or when the subagent loop looks again.
+        assert host.controller.live is not None
+        assert await host.controller.live.subagents.wake(uid) is False
+        after = await host.records(uid)
+        assert after == records
+        assert of_kind(after, K.EVENT_APPROVAL_RESULT) == [] and of_kind(after, K.EVENT_TOOL_RESULT) == []
+        assert host.harness.runs == ["hold me"]  # the grandchild ran once and was never re-driven
+        assert len(endpoint.received) == 3
 
 
 async def test_delete_of_a_parent_deletes_its_children(host: LiveHost, endpoint: ScriptedEndpoint) -> None:

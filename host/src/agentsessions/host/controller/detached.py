@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -58,6 +58,8 @@ INTERRUPT_MARGIN_S: Final = 5.0
 POLL_S: Final = 0.5
 
 OnBusy = Literal["reject", "enqueue", "interrupt"]
+# Cancel a subagent child session (and its children) with a reason: (child, reason, caller).
+CancelChild = Callable[[str, str, CallContext], Awaitable[None]]
 Busy = Literal["here", "elsewhere", "parked", "queued", "interrupted"]
 
 
@@ -259,6 +261,7 @@ class TurnQueue:
                     # Free in a moment (a turn ending releases its guard after its last frame).
                     async with core.guards.hold_when_free(uid):
                         pass
+                    continue  # looked at again: an interrupting Submit may hold the session now
                 waiting = await self.live.queue(uid)
                 if not waiting:
                     self.admission.queued.discard(uid)
@@ -317,6 +320,10 @@ class Submitter:
         self.keeper = keeper
         self.detached = detached
         self.queue = queue
+        # The subagent children of a session's latest turn, and how one is cancelled with theirs
+        # (LiveSessions sets both: the subagents need this Submitter, so they cannot be handed in here).
+        self.children: Callable[[str], Awaitable[list[str]]] | None = None
+        self.cancel_child: CancelChild | None = None
 
     async def submit(
         self, p: ExecParams, on_busy: OnBusy, call: CallContext, key: KeyRecord | None = None
@@ -335,9 +342,20 @@ class Submitter:
                     return await self._enqueue(p, call, key)
                 self.queue.interrupting.add(p.session)
                 try:
+                    # Read before the cancel: the children of the turn it ends (not of the next one).
+                    children = (
+                        await self.children(p.session)
+                        if self.children is not None and busy != "queued"
+                        else []
+                    )
                     p = await self._interrupt(p, busy, call)
                     ticket = Ticket(key=key, ahead_of_queue=True)
-                    return await self._start(dataclasses.replace(p, ticket=ticket), call)
+                    try:
+                        return await self._start(dataclasses.replace(p, ticket=ticket), call)
+                    finally:
+                        # Once the new turn holds the session (or failed to): a child's end then finds
+                        # the session busy or the interrupted turn ended, and decides nothing.
+                        await self._cancel_children(p.session, children, call)
                 finally:
                     self.queue.interrupting.discard(p.session)
                     self.queue.kick(p.session)
@@ -403,11 +421,26 @@ class Submitter:
                 await running.stop(INTERRUPT_REASON, core.cancel_grace_s)
             async with core.guards.hold_when_free(uid):
                 pass
-        elif busy == "parked":
+            # A turn that was parking (or being cut) as it was looked at stands there now.
+            now = await self.busy(uid, call)
+            busy = now if now in ("parked", "elsewhere", "interrupted") else busy
+        if busy == "parked":
             await cancel.cancel(core, call, uid, "", INTERRUPT_REASON)
         elif busy in ("elsewhere", "interrupted"):
             await self._end_elsewhere(uid, call, INTERRUPT_REASON)
         return dataclasses.replace(p, expected_last_seq=None)
+
+    async def _cancel_children(self, uid: str, children: list[str], call: CallContext) -> None:
+        """Cancel the subagent children of the interrupted turn (and theirs), naming their parent; a
+        failure is logged: the new turn is admitted, and the Submit answers for it."""
+        if self.cancel_child is None:
+            return
+        for child in children:
+            try:
+                await self.cancel_child(child, f"its parent session {uid} was {INTERRUPT_REASON}", call)
+            except (ControllerError, StoreError) as exc:
+                what = logs.fields(session=child, parent=uid, error=type(exc).__name__)
+                log.warning("subagent of an interrupted turn not cancelled", extra=what)
 
     async def _end_elsewhere(self, uid: str, call: CallContext, reason: str) -> None:
         """Ask the host running the session's turn to cancel it and wait (bounded) for its END; a

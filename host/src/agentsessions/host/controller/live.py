@@ -169,6 +169,8 @@ class LiveSessions:
             core, self.submitter, settings.subagents, settings.host_call, on_decided=self._continue_decided
         )
         core.sinks.tasks = self.subagents
+        self.submitter.children = self._children_of_latest
+        self.submitter.cancel_child = self._cancel_child
         core.policy.host_decided = frozenset({TASK_TOOL})
         keeper.on_ended = self._ended
         live.feed.listen(self._heard)
@@ -472,8 +474,21 @@ class LiveSessions:
         links = await self.subagents.children(uid, latest_only=True)
         await self._cancel(uid, execution_id, reason, call)
         for link in links:
-            with contextlib.suppress(SessionNotFoundError):
-                await self.cancel_cascading(link.child, "", f"its parent session {uid} was cancelled", call)
+            await self._cancel_child(link.child, f"its parent session {uid} was cancelled", call)
+
+    async def _children_of_latest(self, uid: str) -> list[str]:
+        return [link.child for link in await self.subagents.children(uid, latest_only=True)]
+
+    async def _cancel_child(self, child: str, reason: str, call: CallContext) -> None:
+        """Cancel a child whose parent's turn ended (cancelled, interrupted), and its children."""
+        core = self.core
+        if core.driver.running.get(child) is None and core.guards.busy(child):
+            # Its turn is parking at its own task call (it started children too): closed once it has.
+            with contextlib.suppress(SessionBusyError):
+                async with core.guards.hold_when_free(child):
+                    pass
+        with contextlib.suppress(SessionNotFoundError):
+            await self.cancel_cascading(child, "", reason, call)
 
     async def _running_execution(self, uid: str, call: CallContext) -> str:
         running = self.core.driver.running.get(uid)

@@ -562,55 +562,74 @@ class Subagents:
         if row is None:
             self._waiting.discard(uid)
             return False
-        expired: list[str] = []
         if core.guards.busy(uid) or uid in core.driver.running:
             return False  # its turn runs here (it parks in a moment, or finds its children settled)
+        # Looked at without the guard first, as the recoverer does: most looks decide nothing, and a
+        # turn admitted on the parent (a Submit that interrupts it, say) must not find it busy then.
+        if await self._decisions(row) is None:
+            return False
+        if core.guards.busy(uid) or uid in core.driver.running:
+            return False
         async with core.guards.hold(uid):
-            events, executions = await sessions.read(core, row)
-            ex = latest_execution(executions)
-            if ex is None or ex.completed:
-                self._waiting.discard(uid)
+            decided = await self._decisions(row)  # again under the guard: what is journaled
+            if decided is None:
                 return False
-            waiting = [e for e in recorded_effects(events, ex)[0] if _waits(e)]
-            undecided = [e for e in waiting if e.approval_request is not None and e.approval_result is None]
-            if not undecided:
-                if not waiting:
-                    self._waiting.discard(uid)
-                return False
-            decisions: list[common_pb2.Event] = []
-            now = time.time()
-            for effect in undecided:
-                assert effect.approval_request is not None
-                request_seq, request = effect.approval_request
-                call_id = effect.call.tool.id
-                child = child_uid(uid, ex.id, call_id)
-                state = await self._child(child)
-                if state is not None and state[1] is not None and state[1].completed:
-                    decisions.append(self._decision(ex.id, call_id, request_seq, SETTLED))
-                    continue
-                if state is None:  # someone deleted the child: it never settles
-                    decisions.append(self._decision(ex.id, call_id, request_seq, deleted(child)))
-                    continue
-                asked = request.ts.ToNanoseconds() / 1e9 if request.HasField("ts") else now
-                if now - asked >= self.settings.wait_timeout_s:
-                    why = (
-                        f"subagent {child} did not settle within {self.settings.wait_timeout_s:g} s "
-                        "(--subagent-wait-timeout); it was cancelled"
-                    )
-                    decisions.append(self._decision(ex.id, call_id, request_seq, why))
-                    expired.append(child)
-                    continue
-                return False  # the last child has not settled yet
-            if not expired and not await self._siblings_settled(uid, events, ex, undecided):
-                return False  # a child the model proposed with them still runs: they resume together
-            fence = await core.writer.mint(uid, len(events))
-            await core.writer.append(uid, decisions, len(events), fence)
+            ex, head, decisions, expired = decided
+            fence = await core.writer.mint(uid, head)
+            await core.writer.append(uid, decisions, head, fence)
         self._waiting.discard(uid)
         for child in expired:
             await self._cancel_child(child, f"its wait timed out after {self.settings.wait_timeout_s:g} s")
         log.info("subagent parent decided", extra=logs.fields(session=uid, execution_id=ex.id))
         self._on_decided()
         return True
+
+    async def _decisions(
+        self, row: SessionRow
+    ) -> tuple[Execution, int, list[common_pb2.Event], list[str]] | None:
+        """The parent's latest execution, the head read, the host's decisions on its waiting task
+        calls and the children whose wait expired; None while there is nothing to decide yet (and a
+        parent that waits for nothing any more is forgotten)."""
+        uid = row.uid
+        events, executions = await sessions.read(self.core, row)
+        ex = latest_execution(executions)
+        if ex is None or ex.completed:
+            self._waiting.discard(uid)
+            return None
+        waiting = [e for e in recorded_effects(events, ex)[0] if _waits(e)]
+        undecided = [e for e in waiting if e.approval_request is not None and e.approval_result is None]
+        if not undecided:
+            if not waiting:
+                self._waiting.discard(uid)
+            return None
+        decisions: list[common_pb2.Event] = []
+        expired: list[str] = []
+        now = time.time()
+        for effect in undecided:
+            assert effect.approval_request is not None
+            request_seq, request = effect.approval_request
+            call_id = effect.call.tool.id
+            child = child_uid(uid, ex.id, call_id)
+            state = await self._child(child)
+            if state is not None and state[1] is not None and state[1].completed:
+                decisions.append(self._decision(ex.id, call_id, request_seq, SETTLED))
+                continue
+            if state is None:  # someone deleted the child: it never settles
+                decisions.append(self._decision(ex.id, call_id, request_seq, deleted(child)))
+                continue
+            asked = request.ts.ToNanoseconds() / 1e9 if request.HasField("ts") else now
+            if now - asked >= self.settings.wait_timeout_s:
+                why = (
+                    f"subagent {child} did not settle within {self.settings.wait_timeout_s:g} s "
+                    "(--subagent-wait-timeout); it was cancelled"
+                )
+                decisions.append(self._decision(ex.id, call_id, request_seq, why))
+                expired.append(child)
+                continue
+            return None  # the last child has not settled yet
+        if not expired and not await self._siblings_settled(uid, events, ex, undecided):
+            return None  # a child the model proposed with them still runs: they resume together
+        return ex, len(events), decisions, expired
 
     async def _siblings_settled(
         self, uid: str, events: list[common_pb2.Event], ex: Execution, gated: list[Effect]
