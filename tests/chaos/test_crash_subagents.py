@@ -7,7 +7,9 @@ A parent delegates to two children; the host is killed at each step and started 
 journal, and nobody calls anything but Watch and GetSession: the parent completes with both results,
 each child ran one turn with one END, and each child's effect (its one host-run tool call) happened
 exactly once. The steps: the parent parked with both children inside their tool call; a child running
-past its effect; one child finished (and the other still running) before the parent's wake.
+past its effect; one child finished (and the other still running) before the parent's wake; and both
+children ended, the host killed before it woke the parent (the parent's guard held by an input-less
+Exec whose Describe the delegating harness holds, so the host's wake of the parent cannot run).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from agentsessions.client import SessionsClient
 from agentsessions.host.controller.subagents import child_uid
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.chaos.scenario import WAIT_LIMIT_S, ExecInFlight, of_kind, wait_until
-from tests.support import effect_tool, subagent_harnesses
+from tests.support import describe_gate, effect_tool, subagent_harnesses
 from tests.support.host_process import BIN, HarnessProcess, HostProcess, repo_env
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
 
@@ -48,6 +50,7 @@ class SubagentWorld:
         logs = {name: tmp / name for name in ("delegator", "worker")}
         for path in logs.values():
             path.mkdir()
+        self.delegator_dir = logs["delegator"]  # the delegator's working directory: its Describe gate
         self.harnesses = [
             HarnessProcess(
                 f"tests.support.subagent_harnesses:{cls}", f"unix:{sockets / name}.sock", logs[name]
@@ -247,6 +250,44 @@ async def test_a_child_that_finished_before_the_parents_wake_is_not_run_again(wo
         if r.event.kind == K.EVENT_LIFECYCLE and r.event.lifecycle.kind == LK.LIFECYCLE_RESUME
     ]
     assert resumes == []  # it was not recovered: its turn had ended before the kill
+    await finish(world)
+
+
+@pytest.mark.parametrize("host_flags", [("--harness-describe-max-age", "0")])
+async def test_killed_after_the_last_child_ended_before_the_parents_wake_it_is_woken_once(
+    world: SubagentWorld,
+) -> None:
+    turn = world.delegate(world.job("a", hold=True), world.job("b", hold=True))
+    uid, execution = await parked_parent(world, turn)
+    await wait_until("both children inside their effect", lambda: world.entered() == 2)
+    # An input-less Exec on the parked parent holds its guard while the host Describes the delegating
+    # harness, which holds that Describe: the host cannot wake the parent until it answers.
+    (world.delegator_dir / describe_gate.HOLD).touch()
+    holding = ExecInFlight(world.host.sessions.Exec(session_pb2.ExecRequest(session=uid)))
+    await wait_until(
+        "the parent's Describe at the gate", lambda: describe_gate.held(world.delegator_dir) == 1
+    )
+    world.release()
+    children = [child_uid(uid, execution, f"call-{i}") for i in range(2)]
+    for child in children:
+        ended = of_kind(await world.until_end(child), K.EVENT_END)
+        assert [e.event.end.state for e in ended] == ["COMPLETED"]
+    # Both children ended; the parent is not woken: no decision, still waiting.
+    assert of_kind(await world.records(uid), K.EVENT_APPROVAL_RESULT) == []
+    assert await world.state(uid) == session_pb2.EXEC_AWAITING
+
+    await world.host.kill()
+    await holding.status()
+    (world.delegator_dir / describe_gate.HOLD).unlink()
+    await world.host.start()
+    await check_completed(world, uid, execution, ["a", "b"])
+    records = await world.records(uid)
+    decisions = of_kind(records, K.EVENT_APPROVAL_RESULT)
+    assert sorted(d.event.approval_result.tool_call_id for d in decisions) == ["call-0", "call-1"]
+    assert {d.event.actor.principal for d in decisions} == {"host:subagents"}
+    results = of_kind(records, K.EVENT_TOOL_RESULT)
+    assert sorted(r.event.result.id for r in results) == ["call-0", "call-1"]  # no duplicate
+    assert [r.event.execution_id for r in of_kind(records, K.EVENT_EXECUTION_START)] == [execution]
     await finish(world)
 
 

@@ -14,6 +14,9 @@ so the effect file shows each child's effect exactly once; with ``hold`` the too
 ``stop_after_effect`` it waits for ``D/release`` after the effect, in the harness (a line in
 ``D/stopped`` says it stands there).
 A prompt that is not JSON is simply echoed back as ``done <prompt>``.
+
+The Delegator's Describe waits at the gate of ``tests.support.describe_gate`` while its process's
+working directory holds the gate's file (in process, the file is never there).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from google.protobuf import struct_pb2
 
 from agentsessions.sdk import EventSink, Start, message_text, text_message
 from agentsessions.v1 import common_pb2, harness_pb2
+from tests.support import describe_gate
 
 TASK = "task"
 EFFECT_TOOL = "record_effect"
@@ -44,6 +48,7 @@ class Delegator:
     """Delegates what its model proposes to subagents (see the module doc)."""
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:
+        await describe_gate.hold_while_asked()  # a crash test may hold the host at this Describe
         return harness_pb2.HarnessDescriptor(
             id="delegator",
             version="1",
