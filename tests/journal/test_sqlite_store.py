@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import sqlite3
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -624,3 +625,25 @@ async def test_a_version_3_journal_gets_each_sessions_execution_state(tmp_path: 
         assert after is not None and after.latest is not None and after.latest.gate() is None
     finally:
         await store.close()
+
+
+# -- which connection serves what ---------------------------------------------------------------
+
+
+async def test_a_page_of_sessions_does_not_wait_behind_row_lookups(store: SqliteStore) -> None:
+    # Under load the reader's queue holds the turns' row lookups; a ListSessions page must not
+    # queue behind them. The reader's thread is held on an event, so anything queued there waits.
+    for i in range(3):
+        await store.create_session(SessionRow(uid=f"s{i}", project="p", create_time_ns=i + 1))
+    release = threading.Event()
+    holding = asyncio.ensure_future(store._sqlite._reader.run(lambda db: release.wait(30)))
+    lookup = asyncio.ensure_future(store.get_session("s0"))
+    try:
+        rows, token = await asyncio.wait_for(store.list_sessions("p", 100, ""), timeout=10)
+        assert [r.uid for r in rows] == ["s2", "s1", "s0"] and token == ""
+        assert not lookup.done()  # the reader really is held: its lookups wait
+    finally:
+        release.set()
+    assert await holding is True
+    found = await lookup
+    assert found is not None and found.uid == "s0"
