@@ -122,7 +122,8 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
             created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
             row = created.row
             resolved = await core.catalog.resolve(row.harness)
-        events, executions = await sessions.read(core, row)
+        # The row was read just now (or created): its head vouches for the cached journal.
+        events, executions = await sessions.read(core, row, fresh=True)
         gate = open_gate(events, executions)
         if gate is not None and p.inputs:
             raise FailedPreconditionError(
