@@ -7,15 +7,17 @@ Every process is real and separate (client, host, harness), talking gRPC over lo
   no hashing; turns/s for 1 and for 32 concurrent sessions;
 * durable host: ``agentsessions serve`` (SQLite journal, synchronous=FULL as shipped, built-in echo
   model) with ``agentsessions-harness serve agentsessions.harnesses.echo:EchoHarness`` out of
-  process; the same client; ratio to the floor (goal >= 0.70). The same host on the memory journal
-  is reported beside it, to tell the disk's share of a turn from the host's own;
+  process; the same client; ratio to the floor (goal >= 0.50 at 1 session, >= 0.70 at 32). The
+  same host on the memory journal is reported beside it, to tell the disk's share of a turn from
+  the host's own;
 * model round trip: one ``sink.model`` call in an out-of-process harness (the host journals
   MODEL_CALL, runs the echo model, journals OUTPUT, replies) against a bare bidi ping-pong of the
   same frames (goal <= 3x);
 * flatness: latency of turn 1,000 against turn 10 of one session (goal <= 1.2x); with ``long``
   (``python -m bench turns --long``) also turn 10,000, in sessions of 10,005 turns;
 * LangGraph: a one-node echo graph on LangGraph's SqliteSaver, 1 and 32 threads (goal: the host
-  does at least 3x), when the optional extra (bench/requirements.txt) is installed.
+  does at least 2.5x at 1 thread, 3x at 32), when the optional extra (bench/requirements.txt) is
+  installed.
 
 Throughputs are the best of ``repeats`` runs, floor and host interleaved. Results go to
 bench/results/turns.json and a table on stdout. Every process is stopped when the suite ends.
@@ -48,11 +50,13 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 RESULTS: Final = ROOT / "bench" / "results" / "turns.json"
 BIN: Final = Path(sys.executable).parent
 
-GOAL_FLOOR_RATIO: Final = 0.70
+CONCURRENT: Final = 32
+# Issue #13's goals by concurrent sessions: one session waits on its durable commits one after
+# another, so its goals are lower than those of the 32, which are bound by CPU.
+GOAL_FLOOR_RATIO: Final = {"1": 0.50, str(CONCURRENT): 0.70}
 GOAL_ROUND_TRIP_RATIO: Final = 3.0
 GOAL_FLATNESS: Final = 1.2
-GOAL_LANGGRAPH_RATIO: Final = 3.0
-CONCURRENT: Final = 32
+GOAL_LANGGRAPH_RATIO: Final = {"1": 2.5, str(CONCURRENT): 3.0}
 START_TIMEOUT_S: Final = 60.0
 # A client run may take its measuring window plus this much (startup, warmup, the last turns).
 CLIENT_SLACK_S: Final = 120.0
@@ -457,7 +461,7 @@ def summary(report: Report) -> dict[str, Any]:
         goal(
             f"host/floor turns/s, {n} session(s)",
             _ratio(t.get("host", {}).get(n), t.get("floor", {}).get(n)),
-            GOAL_FLOOR_RATIO,
+            GOAL_FLOOR_RATIO[n],
             True,
         )
     rt = report.round_trip_s
@@ -491,7 +495,7 @@ def summary(report: Report) -> dict[str, Any]:
             goal(
                 f"host/LangGraph turns/s, {n} session(s)",
                 _ratio(t.get("host", {}).get(n), report.langgraph.get(n)),
-                GOAL_LANGGRAPH_RATIO,
+                GOAL_LANGGRAPH_RATIO[n],
                 True,
             )
     return {"goals": goals}

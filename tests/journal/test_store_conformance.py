@@ -524,6 +524,31 @@ async def test_fork_copies_the_prefix_verbatim_and_continues_the_chain(store: Jo
     assert [r.seq for r in await store.read("parent")] == [1, 2, 3, 4, 5]  # parent untouched
 
 
+async def test_a_row_carries_its_head_hash(store: JournalStore) -> None:
+    """get_session's last_seq and last_hash are the head ``head`` reports, through appends, a fork,
+    an import and listing (the controller admits a turn on the row alone)."""
+
+    async def same_head(uid: str) -> None:
+        row, head = await store.get_session(uid), await store.head(uid)
+        assert row is not None
+        assert (row.last_seq, row.last_hash) == (head.seq, head.hash)
+        (listed,) = [r for r in (await store.list_sessions("p", 100, ""))[0] if r.uid == uid]
+        assert (listed.last_seq, listed.last_hash) == (head.seq, head.hash)
+
+    await new_session(store, "s")
+    await same_head("s")
+    records = await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0)
+    await same_head("s")
+    row = await store.get_session("s")
+    assert row is not None and row.last_hash == records[-1].content_hash != ""
+    await store.fork("s", 1, [SessionRow(uid="child", project="p")], lifecycle(L.LIFECYCLE_FORK, "s@1"))
+    await same_head("child")
+    await store.append("child", [inp("c")], expected_head=2, fence=0)
+    await same_head("child")
+    await cast("Importer", store).import_records(SessionRow(uid="copy", project="p"), records)
+    await same_head("copy")
+
+
 async def test_fork_at_zero_starts_from_genesis(store: JournalStore) -> None:
     await _parent(store)
     marker = lifecycle(L.LIFECYCLE_FORK, "parent@0")

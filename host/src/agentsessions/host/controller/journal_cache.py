@@ -17,7 +17,7 @@ from typing import overload
 
 from agentsessions.host.controller.baselines import Baselines
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
-from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.journal.store import Head, JournalStore
 from agentsessions.v1 import common_pb2
 
 
@@ -39,9 +39,14 @@ class JournalCache:
         """Every event of the session in seq order (the list is shared: do not mutate it)."""
         return (await self._entry(uid)).events
 
-    async def executions(self, uid: str, fork_seq: int) -> tuple[list[common_pb2.Event], list[Execution]]:
-        """The events and their executions in first-seen order (InvalidExecutionLogError if malformed)."""
-        entry = await self._entry(uid)
+    async def executions(
+        self, uid: str, fork_seq: int, head: Head | None = None
+    ) -> tuple[list[common_pb2.Event], list[Execution]]:
+        """The events and their executions in first-seen order (InvalidExecutionLogError if malformed).
+
+        ``head``: the session's head as just read with its row; a cached entry that ends there is
+        current without asking the store again."""
+        entry = await self._entry(uid, head)
         if entry.index is None or entry.index.fork_seq != fork_seq:
             entry.index = ExecutionIndex(fork_seq)
         try:
@@ -50,6 +55,13 @@ class JournalCache:
             entry.index = None
             raise
         return entry.events, entry.index.order
+
+    def written(self, uid: str) -> list[common_pb2.Event] | None:
+        """The session's events as this host last read and wrote them, without asking the store
+        (None: nothing cached). For a turn looking back at its own records under its fence: a
+        record another writer added meanwhile makes the turn's next append fail anyway."""
+        entry = self._entries.get(uid)
+        return None if entry is None else entry.events
 
     def baselines(self, uid: str, events: list[common_pb2.Event]) -> Baselines:
         """Where the LIFECYCLE_BASELINEs of ``events`` (the session's cached list) are, kept with
@@ -61,31 +73,41 @@ class JournalCache:
             entry.baselines = Baselines(events)
         return entry.baselines
 
-    async def _entry(self, uid: str) -> _Entry:
-        head = await self._store.head(uid)
+    async def _entry(self, uid: str, at: Head | None = None) -> _Entry:
         entry = self._entries.get(uid)
-        if entry is not None:
-            if len(entry.events) == head.seq and entry.last_hash == head.hash:
-                self._entries.move_to_end(uid)
-                return entry
-            if len(entry.events) < head.seq:
-                fresh = await self._store.read(uid, len(entry.events) + 1, 0)
-                # While the read was in flight this host's own appends may have extended the entry,
-                # or dropped it: only what follows the entry as it is now is added, and only to it.
-                if self._entries.get(uid) is entry:
-                    known = len(entry.events)
-                    fresh = [r for r in fresh if r.seq > known]
-                    linked = fresh and fresh[0].seq == known + 1 and fresh[0].prev_hash == entry.last_hash
-                    if linked:
-                        entry.events.extend(r.event for r in fresh)
-                        entry.last_hash = fresh[-1].content_hash
-                    if linked or (not fresh and known >= head.seq):
-                        self._entries.move_to_end(uid)
-                        return entry
+        if entry is not None and at is not None and (len(entry.events), entry.last_hash) == (at.seq, at.hash):
+            self._entries.move_to_end(uid)
+            return entry
+        if entry is not None and await self._current(uid, entry):
+            self._entries.move_to_end(uid)
+            return entry
+        # Nothing cached (or nothing the store's head extends): the whole journal is read.
         records = await self._store.read(uid, 1, 0)
         entry = _Entry([r.event for r in records], records[-1].content_hash if records else "")
         self._remember(uid, entry)
         return entry
+
+    async def _current(self, uid: str, entry: _Entry) -> bool:
+        """Bring ``entry`` up to the store's head; False when the head does not extend it."""
+        head = await self._store.head(uid)
+        if self._entries.get(uid) is not entry:
+            return False
+        if len(entry.events) == head.seq and entry.last_hash == head.hash:
+            return True
+        if len(entry.events) >= head.seq:
+            return False
+        fresh = await self._store.read(uid, len(entry.events) + 1, 0)
+        # While the read was in flight this host's own appends may have extended the entry, or
+        # dropped it: only what follows the entry as it is now is added, and only to it.
+        if self._entries.get(uid) is not entry:
+            return False
+        known = len(entry.events)
+        fresh = [r for r in fresh if r.seq > known]
+        linked = bool(fresh) and fresh[0].seq == known + 1 and fresh[0].prev_hash == entry.last_hash
+        if linked:
+            entry.events.extend(r.event for r in fresh)
+            entry.last_hash = fresh[-1].content_hash
+        return linked or (not fresh and known >= head.seq)
 
     def appended(self, uid: str, records: list[common_pb2.LogRecord]) -> None:
         """Extend a cached entry with records this host just made durable."""

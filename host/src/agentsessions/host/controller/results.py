@@ -250,7 +250,8 @@ class Settler:
         self, uid: str, start: Start, sink: ExecutionSink, writer: ExecutionWriter
     ) -> Settled | None:
         core = self.core
-        events = await core.cache.events(uid)
+        # The execution's own records, as its writer made them durable: no store read per turn.
+        events = core.cache.written(uid) or await core.cache.events(uid)
         judged = judge(execution_tail(events, start.execution_id))
         if judged is None:
             return None  # not bound: the Driver ends it as any other

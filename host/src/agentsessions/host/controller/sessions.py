@@ -21,6 +21,7 @@ from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.state import SessionView, derive_view, projected_view
 from agentsessions.host.journal.store import (
     COMPUTE_NONE,
+    Head,
     InvalidPageTokenError,
     SessionNotFoundError,
     SessionRow,
@@ -64,9 +65,13 @@ def _may_see(core: Core, call: CallContext, project: str) -> bool:
     return True
 
 
-async def read(core: Core, session: SessionRow) -> Journal:
-    """The session's events and executions (InvalidExecutionLogError when malformed)."""
-    return await core.cache.executions(session.uid, session.fork_seq)
+async def read(core: Core, session: SessionRow, *, fresh: bool = False) -> Journal:
+    """The session's events and executions (InvalidExecutionLogError when malformed). ``fresh``:
+    the row was read just now, so the head it carries vouches for the cached journal."""
+    head = None
+    if fresh and (session.last_hash or session.last_seq == 0):
+        head = Head(session.last_seq, session.last_hash)
+    return await core.cache.executions(session.uid, session.fork_seq, head)
 
 
 async def view(core: Core, session: SessionRow, journal: Journal | None = None) -> SessionView:

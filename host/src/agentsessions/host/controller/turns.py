@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentsessions.host.callcontext import CallContext
@@ -82,28 +82,48 @@ class Turn:
     recovery: Gate | None  # the approval gate an inputless Exec recovers
     events: list[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
     interrupted: Execution | None = None  # cut short by a crash: recovered before this turn
+    _relay: Relay = field(default_factory=Relay, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
 
-    async def run(self) -> AsyncIterator[Update]:
-        relay = Relay()
+    def begin(self) -> None:
+        """Start the turn's work now, ahead of :meth:`run` (once): its first durable write then
+        overlaps the Exec stream's session frame going out. What it yields waits for ``run``."""
+        if self._task is not None:
+            return
+        relay = self._relay
 
         async def work() -> None:
             ending = await _execute(self, relay)
             if ending is not None:
                 relay.queue.put_nowait(ending)
 
-        task = asyncio.create_task(work())
-        task.add_done_callback(lambda _: relay.queue.put_nowait(None))
+        self._task = asyncio.create_task(work())
+        self._task.add_done_callback(lambda _: relay.queue.put_nowait(None))
+
+    async def run(self) -> AsyncIterator[Update]:
+        self.begin()
+        task, queue = self._task, self._relay.queue
+        assert task is not None
         try:
             while True:
-                item = await relay.queue.get()
+                item = await queue.get()
                 if item is None:
                     break
                 yield item
             task.result()
         finally:
-            if not task.done():
-                task.cancel()
-                await settled(task)
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Cut the turn's work short if it still runs (its caller went away)."""
+        task = self._task
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            await settled(task)
+        elif not task.cancelled():
+            task.exception()  # seen: a turn nobody streamed may have failed (its caller left first)
 
 
 @contextlib.asynccontextmanager
@@ -122,7 +142,8 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
             created = await sessions.create(core, call, SessionRow(uid="", project="", harness=p.harness))
             row = created.row
             resolved = await core.catalog.resolve(row.harness)
-        events, executions = await sessions.read(core, row)
+        # The row was read just now (or created): its head vouches for the cached journal.
+        events, executions = await sessions.read(core, row, fresh=True)
         gate = open_gate(events, executions)
         if gate is not None and p.inputs:
             raise FailedPreconditionError(
@@ -134,7 +155,12 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
             # Taking the guard did not yield: the journal read above is still this host's latest
             # (another host's write is caught by the fence mint and the append, both CAS).
             view = await sessions.view(core, row, (events, executions))
-            yield Turn(core, call, p, view, resolved, gate, events, interrupted)
+            turn = Turn(core, call, p, view, resolved, gate, events, interrupted)
+            turn.begin()
+            try:
+                yield turn
+            finally:
+                await turn.stop()
 
 
 async def _route(core: Core, row: SessionRow, override: str) -> ResolvedHarness:

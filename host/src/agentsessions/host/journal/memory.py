@@ -74,6 +74,7 @@ class _Memory:
                 compute_state=session.compute_state,
                 last_seq=session.last_seq,
                 exec_projection=session.exec_projection,
+                last_hash=session.last_hash,
             )
         )
 

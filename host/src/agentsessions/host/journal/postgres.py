@@ -280,7 +280,7 @@ _RESOLVED: Final = """
 
 _SESSION_COLUMNS: Final = (
     "uid, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
-    "fork_seq, fence, compute_state, last_seq, created_at, updated_at, exec_projection"
+    "fork_seq, fence, compute_state, last_seq, created_at, updated_at, exec_projection, last_hash"
 )
 
 
@@ -764,6 +764,7 @@ def _row_from_record(rec: Any) -> SessionRow:
         compute_state=str(rec["compute_state"]),
         last_seq=int(rec["last_seq"]),
         exec_projection=execstate.decode(rec["exec_projection"]),
+        last_hash=str(rec["last_hash"]),
     )
 
 

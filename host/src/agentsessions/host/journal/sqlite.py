@@ -181,7 +181,7 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
 
 _ROW_COLUMNS: Final = (
     "session, project, name, harness, model, labels, annotations, origin, identity, parent_uid, "
-    "fork_seq, created_at, updated_at, compute_state, last_seq, exec_projection"
+    "fork_seq, created_at, updated_at, compute_state, last_seq, exec_projection, last_hash"
 )
 _INSERT_ROW: Final = (
     "INSERT INTO sessions (session, project, name, harness, model, labels, annotations, origin, identity, "
@@ -228,6 +228,7 @@ def _row_from(rec: Sequence[Any]) -> SessionRow:
         compute_state=rec[13],
         last_seq=rec[14],
         exec_projection=execstate.decode(rec[15]),
+        last_hash=rec[16],
     )
 
 

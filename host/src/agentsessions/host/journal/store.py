@@ -71,8 +71,9 @@ class SchemaError(StoreError):
 
 @dataclass(frozen=True)
 class SessionRow:
-    """A session's metadata row. ``last_seq``, ``compute_state`` and ``exec_projection`` are
-    derived by the store (``exec_projection`` None: the row holds none, derive from the journal)."""
+    """A session's metadata row. ``last_seq``, ``last_hash``, ``compute_state`` and
+    ``exec_projection`` are derived by the store (``exec_projection`` None: the row holds none,
+    derive from the journal; ``last_hash`` "": not known with the row, ask ``head``)."""
 
     uid: str
     project: str
@@ -90,6 +91,8 @@ class SessionRow:
     compute_state: str = COMPUTE_NONE
     last_seq: int = 0
     exec_projection: ExecProjection | None = None
+    # The head record's hash, read with last_seq (one read for a row and its head at admission).
+    last_hash: str = ""
 
 
 @dataclass(frozen=True)
