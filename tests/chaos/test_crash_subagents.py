@@ -21,9 +21,11 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agentsessions.client import SessionsClient
+from agentsessions.ext.v1 import live_pb2
 from agentsessions.host.controller.subagents import child_uid
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.chaos.scenario import WAIT_LIMIT_S, ExecInFlight, of_kind, wait_until
@@ -287,6 +289,49 @@ async def test_killed_after_the_last_child_ended_before_the_parents_wake_it_is_w
     assert {d.event.actor.principal for d in decisions} == {"host:subagents"}
     results = of_kind(records, K.EVENT_TOOL_RESULT)
     assert sorted(r.event.result.id for r in results) == ["call-0", "call-1"]  # no duplicate
+    assert [r.event.execution_id for r in of_kind(records, K.EVENT_EXECUTION_START)] == [execution]
+    await finish(world)
+
+
+@pytest.mark.parametrize("host_flags", [("--harness-describe-max-age", "0")])
+async def test_killed_after_an_interrupted_parents_end_its_children_are_cancelled_on_restart(
+    world: SubagentWorld,
+) -> None:
+    turn = world.delegate(world.job("a", hold=True), world.job("b", hold=True))
+    uid, execution = await parked_parent(world, turn)
+    await wait_until("both children inside their effect", lambda: world.entered() == 2)
+    children = [child_uid(uid, execution, f"call-{i}") for i in range(2)]
+    # The interrupting Submit closes the waiting parent (END{CANCELED}), then admits its new turn,
+    # whose Describe the delegating harness holds: the host stands after that END and before it
+    # cancels the children (it does so once the new turn is admitted).
+    (world.delegator_dir / describe_gate.HOLD).touch()
+    async with SessionsClient.connect(world.host.address) as client:
+        interrupting = asyncio.ensure_future(
+            client.submit(uid, "instead", on_busy=live_pb2.ON_BUSY_INTERRUPT)
+        )
+        await wait_until(
+            "the new turn's Describe at the gate", lambda: describe_gate.held(world.delegator_dir) == 1
+        )
+        (end,) = of_kind(await world.records(uid), K.EVENT_END)
+        assert end.event.execution_id == execution and end.event.end.state == "CANCELED"
+        for child in children:
+            assert of_kind(await world.records(child), K.EVENT_END) == [], "the children still run"
+        await world.host.kill()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await interrupting
+    (world.delegator_dir / describe_gate.HOLD).unlink()
+    await world.host.start()
+    # Nobody calls anything: the host's subagent scan finds the children of an ended turn.
+    for child in children:
+        ended = of_kind(await world.until_end(child), K.EVENT_END)
+        assert [e.event.end.state for e in ended] == ["CANCELED"]
+        reason = ended[0].event.end.error.description
+        assert reason.startswith(f"its parent session {uid} ended the turn that started it CANCELED"), reason
+        assert "interrupted by a newer turn" in reason
+    world.release()  # the children's effect tool lets go: nothing runs any more to use it
+    records = await world.records(uid)
+    assert [e.event.end.state for e in of_kind(records, K.EVENT_END)] == ["CANCELED"]
+    assert of_kind(records, K.EVENT_APPROVAL_RESULT) == [], "nothing decided the interrupted turn's calls"
     assert [r.event.execution_id for r in of_kind(records, K.EVENT_EXECUTION_START)] == [execution]
     await finish(world)
 

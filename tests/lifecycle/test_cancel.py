@@ -10,14 +10,18 @@ idempotent.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
+from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import StampTool, approve, get, journal, kinds, new_session, records, resume, say
-from tests.approvals.harnesses import BlockingHarness
+from tests.approvals.harnesses import BlockingHarness, ToolHarness
 from tests.approvals.raw_peer import Conversation, raw_peer
+from tests.lifecycle.held import HeldDescribe, until, wait_for
 from tests.lifecycle.streams import BackgroundExec
 from tests.support.host import HostUnderTest, running_host, text_output
 from tests.support.processes import HarnessProcess
@@ -169,3 +173,81 @@ async def test_cancel_closes_a_turn_parked_on_an_approval(
         assert stamp.runs == []
         report = await host.controller.replay(uid)
         assert report.executions == 1 and report.model_calls == 0
+
+
+# -- Cancel while the turn is still being admitted ----------------------------------------------
+
+
+async def test_cancel_while_an_exec_is_in_its_describe_ends_that_turn_canceled(store: JournalStore) -> None:
+    harness = HeldDescribe(EchoHarness())
+    async with running_host(store, local={"held": harness}) as host:
+        uid = await new_session(host, "held")
+        harness.hold()
+        run = BackgroundExec(host, say(uid, "go"))
+        await wait_for("the Exec's Describe", harness.entered)
+        # The session is held by the Exec's admission; no turn is driven yet.
+        assert host.controller.guards.busy(uid) and uid not in host.controller._core.driver.running
+        cancelling = asyncio.create_task(cancel(host, uid, "stopped before it ran"))
+        # Let the Describe go only once the host has taken the Cancel in (or answered it).
+        await until(
+            "the Cancel armed", lambda: cancelling.done() or host.controller.guards.armed(uid) is not None
+        )
+        harness.release()
+        cancelled = await cancelling
+        assert cancelled.exec_state == session_pb2.EXEC_CANCELED
+        code, details = await run.outcome()
+        assert code == grpc.StatusCode.CANCELLED
+        assert "stopped before it ran" in details
+        recs = await journal(store, uid)
+        assert kinds(recs) == ["EXECUTION_START", "INPUT", "END", "LIFECYCLE"]
+        assert_cancelled_tail(recs, recs[0].event.execution_id, "stopped before it ran")
+        assert run.records() == recs
+        assert harness.runs == 0, "the cancelled turn's harness never ran"
+        assert await store.verify(uid) == 4
+        # The session takes the next turn at once.
+        follow = records(await host.exec(say(uid, "after")))
+        assert kinds(follow)[-1] == "END" and harness.runs == 1
+
+
+async def test_cancel_naming_another_execution_leaves_a_turn_in_its_describe_alone(
+    store: JournalStore,
+) -> None:
+    harness = HeldDescribe(EchoHarness())
+    async with running_host(store, local={"held": harness}) as host:
+        uid = await new_session(host, "held")
+        harness.hold()
+        run = BackgroundExec(host, say(uid, "go"))
+        await wait_for("the Exec's Describe", harness.entered)
+        cancelling = asyncio.create_task(cancel(host, uid, "not that one", execution_id="ffffffffffffffff"))
+        await until(
+            "the Cancel armed", lambda: cancelling.done() or host.controller.guards.armed(uid) is not None
+        )
+        harness.release()
+        await cancelling
+        assert (await run.outcome())[0] == grpc.StatusCode.OK
+        assert kinds(await journal(store, uid))[-1] == "END"
+        assert (await get(host, uid)).exec_state == session_pb2.EXEC_COMPLETED
+
+
+async def test_cancel_while_an_inputless_exec_recovers_a_parked_turn_closes_it(store: JournalStore) -> None:
+    stamp = StampTool(store)
+    harness = HeldDescribe(ToolHarness())
+    async with running_host(store, local={"tooler": harness}, tools=stamp.registry()) as host:
+        uid = await new_session(host, "tooler")
+        updates = await host.exec(say(uid, "hi"))
+        ref = updates[-1].session.pending_approval
+        harness.hold()
+        recovering = BackgroundExec(host, session_pb2.ExecRequest(session=uid))
+        await wait_for("the recovering Exec's Describe", harness.entered)
+        cancelling = asyncio.create_task(cancel(host, uid, "not needed any more"))
+        await until(
+            "the Cancel armed", lambda: cancelling.done() or host.controller.guards.armed(uid) is not None
+        )
+        harness.release()
+        cancelled = await cancelling  # (was: ABORTED, the session busy with the recovering Exec)
+        assert cancelled.exec_state == session_pb2.EXEC_CANCELED
+        assert (await recovering.outcome())[0] == grpc.StatusCode.OK  # it found the gate undecided
+        recs = await journal(store, uid)
+        assert kinds(recs)[-3:] == ["LIFECYCLE", "END", "LIFECYCLE"]
+        assert_cancelled_tail(recs, ref.execution_id, "not needed any more")
+        assert stamp.runs == []

@@ -20,6 +20,7 @@ from google.protobuf import struct_pb2
 from grpc import aio
 
 from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
+from agentsessions.host.controller import cancel
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.controller.subagents import HOST_ACTOR, SubagentSettings, child_uid
 from agentsessions.host.journal import open_store
@@ -584,3 +585,56 @@ async def test_a_task_call_with_an_invalid_result_schema_is_an_argument_error(
         and "is not a valid JSON Schema" in result.event.result.error
     )
     assert await host.controller.store.get_session(child_uid(uid, execution_of(records), "call-x")) is None
+
+
+async def test_the_scan_cancels_the_children_of_an_ended_turn_and_theirs_and_leaves_waiting_ones(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
+        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
+        Reply.completion("", tool_calls=[task("k", prompt="keep me", harness="gated")]),
+        Reply.completion("kept"),
+    )
+    async with world(store, endpoint, settings(max_depth=2)) as host:
+        live = host.controller.live
+        assert live is not None
+        uid, updates = await delegate(host)
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
+        assert await host.harness.next_started() == "hold me"  # the grandchild runs, held by the test
+        waiting = await host.wait_for(
+            child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "the child's wait"
+        )
+        grandchild = child_uid(child, execution_of(waiting), "g")
+        other, other_updates = await delegate(host, "another split")  # a parent that still waits
+        kept = child_uid(other, other_updates[-1].session.pending_approval.execution_id, "k")
+        assert await host.harness.next_started() == "keep me"
+
+        # The parent's turn ends with no cascade (what a host killed right after that END leaves), then
+        # the host's subagent scan runs as it does at start-up and in its periodic look.
+        await live.subagents.close()
+        await cancel.cancel(live.core, live.settings.host_call, uid, "", "stopped by its owner")
+        assert ends(await host.records(child)) == []
+        await live.subagents._adopt()
+
+        (end,) = ends(await settled(host, child))
+        assert (end.event.end.state, end.event.end.error.description) == (
+            "CANCELED",
+            f"its parent session {uid} ended the turn that started it CANCELED: stopped by its owner",
+        )
+        (end,) = ends(await settled(host, grandchild))
+        assert (end.event.end.state, end.event.end.error.description) == (
+            "CANCELED",
+            f"its parent session {child} was cancelled",
+        )
+        # The waiting parent's child is left alone: it runs on, and its parent completes with its result.
+        assert ends(await host.records(kept)) == []
+        assert (
+            await host.sessions.GetSession(session_pb2.GetSessionRequest(uid=other))
+        ).exec_state == session_pb2.EXEC_AWAITING
+        await live.subagents.start()
+        host.harness.open("keep me")
+        records = await settled(host, other)
+        assert [e.event.end.state for e in ends(records)] == ["COMPLETED"]
+        assert output(records) == "ok kept"
+        assert host.harness.runs == ["hold me", "keep me"]

@@ -138,6 +138,7 @@ class Controller:
             compactor=Compactor(model, compaction or CompactionSettings()),
         )
         driver.settle = Settler(self._core)  # turns bound to a result schema (results.py)
+        driver.guards = self.guards  # a Cancel during a turn's admission is armed on its guard
         self.live: LiveSessions | None = None
         if live is not None and live_store is not None and keeper is not None:
             assert isinstance(admission, LiveAdmission)
@@ -183,9 +184,9 @@ class Controller:
             for link in links:
                 with contextlib.suppress(SessionNotFoundError):
                     await self.delete_session(link.child, call=call)
-        if uid in self._core.driver.running:
-            # A running turn is cancelled first (END{CANCELED} and the CANCEL marker are journaled);
-            # its Exec then releases the session.
+        if uid in self._core.driver.running or self.guards.busy(uid):
+            # A running turn (or one still being admitted) is cancelled first (END{CANCELED} and the
+            # CANCEL marker are journaled); its Exec then releases the session.
             await cancel.cancel(self._core, call, uid, "", "session deleted")
         return await sessions.delete(self._core, call, uid)
 
@@ -246,8 +247,8 @@ class Controller:
     async def cancel(
         self, uid: str, execution_id: str, reason: str, *, call: CallContext = ANONYMOUS
     ) -> SessionView:
-        """Stop this host's running turn of a session, or close a turn parked on an approval;
-        a no-op on an idle or finished session."""
+        """Stop this host's running turn of a session (or the one it is admitting), or close a
+        turn parked on an approval; a no-op on an idle or finished session."""
         if self.live is not None:
             await self.live.cancel(uid, execution_id, reason, call)
         else:

@@ -416,9 +416,8 @@ class Submitter:
             if head != p.expected_last_seq:
                 raise ConcurrencyError(f"expected_last_seq {p.expected_last_seq} does not match head {head}")
         if busy == "here":
-            running = core.driver.running.get(uid)
-            if running is not None:
-                await running.stop(INTERRUPT_REASON, core.cancel_grace_s)
+            # A running turn is stopped; one still being admitted ends CANCELED once driven.
+            await cancel.cancel(core, call, uid, "", INTERRUPT_REASON)
             async with core.guards.hold_when_free(uid):
                 pass
             # A turn that was parking (or being cut) as it was looked at stands there now.

@@ -3,7 +3,9 @@
 ``END{COMPLETED}``; or ``ERROR`` and a domain error (the turn is left interrupted for Resume); or
 the approval park (the runtime's snapshot as a SUSPEND marker); or, when Cancel asked for it,
 ``END{CANCELED}`` and a CANCEL marker. The turns being driven on this host are listed in
-:class:`RunningTurns`, which is how Cancel finds them and how a session shows as running.
+:class:`RunningTurns`, which is how Cancel finds them and how a session shows as running. A Cancel
+armed on the session's guard before the turn was driven (guard.ArmedCancel) ends it the same way,
+before its harness runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agentsessions.host.controller.errors import (
     HarnessUnavailableError,
     ReplayDivergedError,
 )
+from agentsessions.host.controller.guard import SessionGuards
 from agentsessions.host.controller.harnesses import ResolvedHarness
 from agentsessions.host.controller.results import Settle
 from agentsessions.host.controller.sink import ExecutionSink
@@ -94,6 +97,8 @@ class Driver:
         self.running = running
         # How a completed execution bound to a result schema ends (results.Settler); None: END.
         self.settle: Settle | None = None
+        # Where a Cancel that came before the turn was driven is armed (the Controller sets it).
+        self.guards: SessionGuards | None = None
 
     @traced_turn(cancelled=lambda exc: isinstance(exc, ExecutionCancelled))
     async def drive(
@@ -116,10 +121,15 @@ class Driver:
         assert task is not None
         running = RunningTurn(start.execution_id, task, resolved.harness)
         self.running.add(uid, running)
+        armed = self.guards.armed(uid) if self.guards is not None else None
+        if armed is not None:  # Cancel came during the admission: the harness does not run
+            running.cancel_reason = armed.take(start.execution_id)
         failure: BaseException | None = None
         try:
             try:
-                if deadline_unix > 0:
+                if running.cancel_reason is not None:
+                    pass
+                elif deadline_unix > 0:
                     remaining = deadline_unix - time.time()
                     async with asyncio.timeout(max(remaining, 0)):
                         await resolved.harness.run(start, sink)

@@ -3,6 +3,9 @@
 Exec, Suspend, Resume, Approve and the closing of a parked turn hold the guard; a second one
 arriving meanwhile is refused (SessionBusyError, ABORTED), or, for DeleteSession, waits a bounded
 time for the ending operation to let go. Across hosts the fence and the journal's CAS do this job.
+Cancel arriving while the holder has no turn driven yet (an Exec in its Describe, say) arms a
+cancel on the hold (:class:`ArmedCancel`): the turn the holder drives next ends CANCELED at once,
+and the arming goes with the hold.
 The table holds an entry only while someone holds or awaits a session, so it does not grow with
 the sessions a host has ever served.
 """
@@ -19,9 +22,27 @@ from agentsessions.host.controller.errors import SessionBusyError
 
 
 @dataclass
+class ArmedCancel:
+    """A Cancel that found the session held with no turn driven: the holder's next turn ends
+    CANCELED before its harness runs (``execution_id``: only that one)."""
+
+    reason: str
+    execution_id: str = ""
+    taken: str = ""  # the execution it cancelled, once a turn was driven
+
+    def take(self, execution_id: str) -> str | None:
+        """The cancel reason for the turn about to be driven, if this cancel means it."""
+        if self.taken or (self.execution_id and self.execution_id != execution_id):
+            return None
+        self.taken = execution_id
+        return self.reason
+
+
+@dataclass
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0  # holders and waiters; the slot is dropped when it reaches 0
+    cancel: ArmedCancel | None = None  # armed for the current holder only (cleared as it lets go)
 
 
 class SessionGuards:
@@ -38,6 +59,20 @@ class SessionGuards:
     def busy(self, uid: str) -> bool:
         slot = self._slots.get(uid)
         return slot is not None and slot.lock.locked()
+
+    def arm_cancel(self, uid: str, reason: str, execution_id: str = "") -> ArmedCancel | None:
+        """Arm a cancel on the current hold of ``uid`` (None: nobody holds it)."""
+        slot = self._slots.get(uid)
+        if slot is None or not slot.lock.locked():
+            return None
+        if slot.cancel is None:
+            slot.cancel = ArmedCancel(reason, execution_id)
+        return slot.cancel
+
+    def armed(self, uid: str) -> ArmedCancel | None:
+        """The cancel armed on the current hold of ``uid``, if any."""
+        slot = self._slots.get(uid)
+        return slot.cancel if slot is not None else None
 
     def hold(self, uid: str) -> AbstractAsyncContextManager[None]:
         """Hold the session's guard; SessionBusyError when another operation holds it."""
@@ -57,6 +92,7 @@ class SessionGuards:
             try:
                 yield
             finally:
+                slot.cancel = None
                 slot.lock.release()
 
     @contextlib.asynccontextmanager
@@ -101,5 +137,6 @@ class _Held:
     async def __aexit__(self, *exc_info: object) -> None:
         slot = self._slot
         assert slot is not None
+        slot.cancel = None
         slot.lock.release()
         self._guards.leave(self._uid, slot)

@@ -462,6 +462,11 @@ class LiveSessions:
             held = await self.keys.existing(asked)
             if held is None:
                 target = execution_id or await self._running_execution(uid, call)
+                if not target and self.core.guards.busy(uid):
+                    # A turn still being admitted: its id is known once the armed cancel ended it.
+                    done = await self.cancel_cascading(uid, "", reason or cancel.DEFAULT_REASON, call)
+                    await self.keys.reserve(dataclasses.replace(asked, session=uid, execution_id=done))
+                    return
                 held = await self.keys.reserve(dataclasses.replace(asked, session=uid, execution_id=target))
             execution_id = held.execution_id
             if not execution_id:
@@ -469,12 +474,14 @@ class LiveSessions:
                 return  # nothing ran when the key was first used: nothing to cancel, ever
         await self.cancel_cascading(uid, execution_id, reason or cancel.DEFAULT_REASON, call)
 
-    async def cancel_cascading(self, uid: str, execution_id: str, reason: str, call: CallContext) -> None:
-        """Cancel the session's turn, then its subagent children's (and theirs, docs/subagents.md)."""
+    async def cancel_cascading(self, uid: str, execution_id: str, reason: str, call: CallContext) -> str:
+        """Cancel the session's turn, then its subagent children's (and theirs, docs/subagents.md);
+        the execution it cancelled ("": none, or not known)."""
         links = await self.subagents.children(uid, latest_only=True)
-        await self._cancel(uid, execution_id, reason, call)
+        done = await self._cancel(uid, execution_id, reason, call)
         for link in links:
             await self._cancel_child(link.child, f"its parent session {uid} was cancelled", call)
+        return done
 
     async def _children_of_latest(self, uid: str) -> list[str]:
         return [link.child for link in await self.subagents.children(uid, latest_only=True)]
@@ -499,13 +506,12 @@ class LiveSessions:
         latest = latest_execution(executions)
         return latest.id if latest is not None and not latest.completed else ""
 
-    async def _cancel(self, uid: str, execution_id: str, reason: str, call: CallContext) -> None:
-        """Cancel as v1 does (this host's running turn, a parked one); a turn on another host is
-        asked through its lease, and one a crash cut short is closed here."""
+    async def _cancel(self, uid: str, execution_id: str, reason: str, call: CallContext) -> str:
+        """Cancel as v1 does (this host's running turn, one it admits, a parked one); a turn on
+        another host is asked through its lease, and one a crash cut short is closed here."""
         core = self.core
         if core.driver.running.get(uid) is not None or core.guards.busy(uid):
-            await cancel.cancel(core, call, uid, execution_id, reason)
-            return
+            return await cancel.cancel(core, call, uid, execution_id, reason)
         row = await sessions.row(core, call, uid)
         events, executions = await sessions.read(core, row)
         latest = latest_execution(executions)
@@ -517,17 +523,20 @@ class LiveSessions:
             or (execution_id and execution_id != latest.id)
             or open_gate(events, executions) is not None
         ):
-            await cancel.cancel(core, call, uid, execution_id, reason)
-            return
+            return await cancel.cancel(core, call, uid, execution_id, reason)
         lease = await self.live.lease(uid, latest.id)
         if lease is not None and await self.keeper.live_elsewhere(lease):
             await self.live.request_cancel(uid, latest.id, reason)
             await self.submitter.wait_ended(row, latest.id, self.submitter.stop_limit_s())
-            return
+            return latest.id
         if latest.error_indexes and lease is None:
-            return  # failed for good (the reference's interrupted turn): nothing runs to cancel
+            return ""  # failed for good (the reference's interrupted turn): nothing runs to cancel
+        if core.driver.running.get(uid) is not None or core.guards.busy(uid):
+            # Taken meanwhile (the recoverer re-driving it, say): cancelled as that holder's turn.
+            return await cancel.cancel(core, call, uid, execution_id, reason)
         async with core.guards.hold(uid):
             await close_cancelled(core, self.keeper, row, latest, lease, reason)
+        return latest.id
 
 
 class _KeyedTurn:

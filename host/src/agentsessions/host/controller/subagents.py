@@ -271,7 +271,14 @@ class Subagents:
                 continue
             events, executions = await sessions.read(self.core, parent)
             ex = next((e for e in executions if e.id == link.execution_id), None)
-            if ex is None or ex.completed:
+            if ex is None:
+                continue
+            if ex.completed:
+                try:
+                    await self._orphaned(link, events, ex)
+                except (StoreError, ControllerError) as exc:  # the next scan tries again
+                    what = logs.fields(session=uid, parent=link.parent, error=type(exc).__name__)
+                    log.warning("subagent of an ended turn not cancelled yet", extra=what)
                 continue
             planned = {p.call_id: p for p in planned_calls(events, ex)}
             wanted = planned.get(link.tool_call_id)
@@ -282,6 +289,33 @@ class Subagents:
                     log.info("subagent not started yet", extra=logs.fields(session=uid, error=str(exc)))
             self._waiting.add(parent.uid)
         self._kick.set()
+
+    async def _orphaned(self, link: Link, events: list[common_pb2.Event], ex: Execution) -> None:
+        """The parent's turn that started the child has ended (cancelled, interrupted, or done
+        without waiting for it): the child's task turn, still unfinished, is cancelled naming the
+        parent, with its own children in turn (a host killed between that END and the cascade left
+        it running; Cancel of a finished child journals nothing)."""
+        row = await self.core.store.get_session(link.child)
+        if row is None:
+            return
+        _, executions = await sessions.read(self.core, row)
+        own = [e for e in executions if not e.inherited]
+        if len(own) != 1 or own[0].completed:
+            return  # the task's turn (the child's first own) ended, was never started, or was followed
+        assert ex.end_index is not None
+        end = events[ex.end_index].end
+        why = f": {end.error.description}" if end.error.description else ""
+        reason = (
+            f"its parent session {link.parent} ended the turn that started it {end.state or 'COMPLETED'}{why}"
+        )
+        log.info(
+            "subagent of an ended turn cancelled", extra=logs.fields(session=link.child, parent=link.parent)
+        )
+        cascade = self.submitter.cancel_child
+        if cascade is not None:
+            await cascade(link.child, reason, self.host)
+        else:
+            await self._cancel_child(link.child, reason)
 
     async def _keep(self) -> None:
         scans = 0
