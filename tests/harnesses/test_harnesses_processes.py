@@ -79,6 +79,31 @@ async def test_chat_module_serves_on_a_unix_socket(tmp_path: Path) -> None:
     assert outcome.outputs == ["echo:now"]
 
 
+async def test_stop_on_stdin_eof_stops_gracefully_when_the_pipe_closes(tmp_path: Path) -> None:
+    # What a host that started the process relies on: the pipe closes when the host goes away.
+    argv = [
+        str(BIN / "agentsessions-harness"),
+        "serve",
+        "agentsessions.harnesses.echo:EchoHarness",
+        "--listen",
+        "127.0.0.1:0",
+        "--stop-on-stdin-eof",
+    ]
+    async with harness_process(argv, tmp_path, stdin=asyncio.subprocess.PIPE) as served:
+        remote = RemoteHarness(served.address)
+        try:
+            assert (await remote.describe()).id == "echo"
+        finally:
+            await remote.close()
+        process = served.process
+        assert process.stdin is not None and process.stderr is not None
+        process.stdin.close()
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+            error = (await process.stderr.read()).decode()
+        assert "standard input closed: stopping" in error
+
+
 async def test_unknown_target_exits_with_a_clear_error(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
         str(BIN / "agentsessions-harness"),

@@ -33,6 +33,7 @@ from tests.runtime.hosting import (
     served_app,
     text_input,
 )
+from tests.support.host_process import HostProcess
 
 PID = "tests.runtime.harnesses:PidHarness"
 HANG_ONCE = "tests.runtime.harnesses:HangOnceHarness"
@@ -200,6 +201,33 @@ async def test_host_shutdown_stops_its_harness_processes() -> None:
         os.chdir(cwd)
     assert all(pid_is_gone(pid) for pid in pids)
     assert harness_children() == before
+
+
+async def test_harness_processes_stop_by_themselves_when_their_host_is_killed(tmp_path: Path) -> None:
+    # A host killed with SIGKILL cannot stop anything: each harness process notices that its
+    # standard input (a pipe the host held) closed, and stops gracefully on its own.
+    host = HostProcess(tmp_path / "j.db", tmp_path, ["--harness-process", f"one={PID}"])
+    await host.start()
+    try:
+        request = session_pb2.ExecRequest(harness="one", inputs=[text_input("hi")])
+        updates = [u async for u in host.sessions.Exec(request, timeout=CALL_TIMEOUT_S)]
+        (text,) = output_texts([u.record for u in updates if u.HasField("record")])
+        pid = int(text.removeprefix("pid "))
+        assert host.process is not None and parent_pid(pid) == host.process.pid
+        # Not this test's child, so no wait(): a pidfd becomes readable when the process ends.
+        pidfd = os.pidfd_open(pid)
+        gone = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(pidfd, gone.set)
+        try:
+            await host.kill()
+            async with asyncio.timeout(CALL_TIMEOUT_S):  # its --grace is 5 s
+                await gone.wait()
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+    finally:
+        await host.close()
 
 
 async def test_a_harness_process_that_cannot_start_fails_host_startup_with_its_error() -> None:

@@ -23,11 +23,20 @@ class HarnessProcess:
 
 @contextlib.asynccontextmanager
 async def harness_process(
-    argv: Sequence[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    stdin: int | None = None,
 ) -> AsyncIterator[HarnessProcess]:
     """Start a harness process, wait for its ``listening on ADDRESS`` line, kill it on exit."""
     process = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         assert process.stdout is not None

@@ -64,6 +64,12 @@ def _add_listen(parser: argparse.ArgumentParser) -> None:
         help="host:port (port 0 picks a free one) or unix:path",
     )
     parser.add_argument("--grace", type=float, default=5.0, help="seconds to finish streams on shutdown")
+    parser.add_argument(
+        "--stop-on-stdin-eof",
+        action="store_true",
+        help="stop (as on SIGTERM) once standard input reaches end of file: a process that starts "
+        "this one and holds the other end of a pipe makes it stop when it goes away, even by SIGKILL",
+    )
     parser.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
     parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument(
@@ -88,12 +94,19 @@ def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str
     parser = argparse.ArgumentParser(prog=prog, description="Serve a harness over Harness.Connect.")
     _add_listen(parser)
     args = parser.parse_args(argv)
-    return _serve(harness, args.listen, args.grace, _tls(parser, args))
+    return _serve(harness, args, _tls(parser, args))
 
 
-def _serve(harness: Harness, address: str, grace: float, tls: ServerTLS | None) -> int:
+def _serve(harness: Harness, args: argparse.Namespace, tls: ServerTLS | None) -> int:
     try:
-        run_server(harness, address, grace=grace, on_ready=_announce, tls=tls)
+        run_server(
+            harness,
+            args.listen,
+            grace=args.grace,
+            on_ready=_announce,
+            tls=tls,
+            stop_on_stdin_eof=args.stop_on_stdin_eof,
+        )
     except (OSError, TLSFilesError) as exc:
         print(f"agentsessions-harness: {exc}", file=sys.stderr)
         return 1
@@ -129,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TargetError as exc:
         print(f"agentsessions-harness: {exc}", file=sys.stderr)
         return 1
-    return _serve(harness, args.listen, args.grace, tls)
+    return _serve(harness, args, tls)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,8 +83,10 @@ def run_server(
     grace: float = 5.0,
     on_ready: Callable[[str], None] | None = None,
     tls: ServerTLS | None = None,
+    stop_on_stdin_eof: bool = False,
 ) -> None:
-    """Blocking :func:`serve` that stops gracefully on SIGINT or SIGTERM."""
+    """Blocking :func:`serve` that stops gracefully on SIGINT or SIGTERM and, with
+    ``stop_on_stdin_eof``, once standard input reaches end of file."""
     import signal
 
     require_harness(harness, "run_server")
@@ -93,10 +98,32 @@ def run_server(
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signum, task.cancel)
+        if stop_on_stdin_eof:
+            _stop_when_stdin_closes(loop, task)
         with contextlib.suppress(asyncio.CancelledError):
             await serve(harness, address, grace=grace, on_ready=on_ready, tls=tls)
 
     asyncio.run(main())
+
+
+def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Stop ``task`` (gracefully, as SIGTERM does) once standard input reaches end of file.
+
+    A host that starts this process holds the pipe's other end and never writes to it; when the
+    host goes away, even by SIGKILL, the kernel closes that end, so the harness does not outlive it.
+    A thread blocks on the read: it works for any kind of standard input, not only pipes."""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):  # a standard input that cannot be read is closed
+            while os.read(0, 65536):
+                pass
+        with contextlib.suppress(RuntimeError):  # the loop has already finished
+            loop.call_soon_threadsafe(task.cancel)
+        # The process that held standard input may have held stderr too: it may be gone as well.
+        with contextlib.suppress(OSError):
+            print("agentsessions-harness: standard input closed: stopping", file=sys.stderr, flush=True)
+
+    threading.Thread(target=watch, name="agentsessions-stdin-lifeline", daemon=True).start()
 
 
 def _bound_address(address: str, port: int) -> str:

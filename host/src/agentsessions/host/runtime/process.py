@@ -151,6 +151,9 @@ class ProcessRuntime(JournalBackedRuntime):
             listen,
             "--grace",
             f"{self.grace:g}",
+            # Its standard input is a pipe this host holds: if the host dies, even by SIGKILL, the
+            # pipe closes and the process stops by itself instead of serving an orphaned socket.
+            "--stop-on-stdin-eof",
         ]
 
     async def ready(self, *, replacing: int | None = None) -> int:
@@ -275,7 +278,7 @@ class ProcessRuntime(JournalBackedRuntime):
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.command(listen),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,  # never written: it closes when this process ends
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 # Its own session: a terminal's Ctrl-C reaches the host, which stops it after the drain.
