@@ -105,6 +105,7 @@ class Client:
     acknowledged: list[str] = field(default_factory=list)
     retries: int = 0
     refused: Counter[str] = field(default_factory=Counter)
+    refusals: list[str] = field(default_factory=list)  # each refusal's status and message
 
 
 def _text(text: str) -> common_pb2.Message:
@@ -129,6 +130,7 @@ async def _turn(stub: session_pb2_grpc.SessionsStub, client: Client, text: str, 
                 continue
             # Anything else is the host's answer (ABORTED for a busy session, FAILED_PRECONDITION ...).
             client.refused[exc.code().name] += 1
+            client.refusals.append(f"{exc.code().name}: {exc.details()}")
             return
         if completed:
             client.acknowledged.append(text)
@@ -250,6 +252,7 @@ def _seed_run(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "turns_acknowledged": sum(len(c.acknowledged) for c in clients),
         "retries": sum(c.retries for c in clients),
         "refused": dict(refused),
+        "refusals": sorted(set(m for c in clients for m in c.refusals))[:20],
         "settled_by_itself": settled,
         "verify_exit": verified.returncode,
         **counts,
@@ -290,6 +293,8 @@ def run(argv: Sequence[str] = ()) -> int:
         )
         if r["refused"]:
             print(f"        refused by the host: {r['refused']}")
+            for message in r["refusals"]:
+                print(f"          {message}")
     totals = {key: sum(r[key] for r in runs) for key in ("lost", "duplicated", "incomplete")}
     met = all(v == 0 for v in totals.values()) and all(r["verify_exit"] == 0 for r in runs)
     print(
