@@ -4,8 +4,10 @@ ALREADY_EXISTS naming the key; keys expire after the retention."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -212,3 +214,44 @@ async def test_keys_expire_after_the_retention(store: JournalStore, model: Count
         await exec_updates(host, exec_request(uid, "hi"), "short")
         assert len(ends(await host.records(uid))) == 2
         assert model.calls == 2
+
+
+async def test_a_retry_runs_the_turn_its_earlier_attempt_reserved_once_the_session_is_free(
+    host: LiveHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An attempt that reserved its key but ended before its turn started (refused, or its host
+    # killed) leaves the key reserved; a retry that meets the session busy with another turn waits
+    # for it to end, then runs the reserved turn (was: waited for an original that never came,
+    # then ABORTED; bench.chaos saw it after kills).
+    live = host.controller.live
+    assert live is not None
+    following = asyncio.Event()
+    follow = live.follow_original
+
+    async def observed(*args: Any, **kwargs: Any) -> Any:
+        following.set()
+        return await follow(*args, **kwargs)
+
+    monkeypatch.setattr(live, "follow_original", observed)
+    uid = await host.create()
+    host.harness.open("next")
+    busy = host.sessions.Exec(exec_request(uid, "slow"))
+    assert (await busy.read()).WhichOneof("update") == "session"
+    assert await host.harness.next_started() == "slow"
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await exec_updates(host, exec_request(uid, "next"), "k")
+    assert refused.value.code() == grpc.StatusCode.ABORTED  # its own key: refused at once, as v1
+    assert not following.is_set()
+    retry = asyncio.create_task(exec_updates(host, exec_request(uid, "next"), "k"))
+    async with asyncio.timeout(30):
+        await following.wait()
+    host.harness.open("slow")
+    while await busy.read() != grpc.aio.EOF:
+        pass
+    async with asyncio.timeout(30):
+        updates = await retry
+    ended = [r.event.end.state for r in records_of(updates) if r.event.kind == K.EVENT_END]
+    assert ended == ["COMPLETED"]
+    assert host.harness.runs == ["slow", "next"]
+    again = await exec_updates(host, exec_request(uid, "next"), "k")
+    assert records_of(again) == records_of(updates)

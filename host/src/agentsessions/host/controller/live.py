@@ -19,9 +19,9 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, overload
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
 from agentsessions.host.controller import approvals, cancel, fork, sessions, turns
@@ -247,18 +247,28 @@ class LiveSessions:
             async with self._admit(p, call) as turn:
                 yield turn
             return
-        held = await self._reserved(asked, p)
+        held, mine = await self._reservation(asked, p)
         if held.state == DONE:
             yield await self._replayed(held, call)
             return
         planned = await self._planned(p, held, call)
+        # A reservation this call did not make is an earlier attempt's, which may have ended (its
+        # host killed) before its turn started: once the session is free, this retry runs it.
+        deadline = time.monotonic() + ORIGINAL_WAIT_S
         async with contextlib.AsyncExitStack() as stack:
-            keyed: AdmittedTurn
-            try:
-                admitted = await stack.enter_async_context(self._admit(planned, call))
-                keyed = _KeyedTurn(admitted, self, asked, call)
-            except (SessionBusyError, ConcurrencyError, IdempotencyKeyTaken) as exc:
-                keyed = await self.follow_original(asked, call, exc)
+            keyed: AdmittedTurn | None = None
+            while keyed is None:
+                try:
+                    admitted = await stack.enter_async_context(self._admit(planned, call))
+                    keyed = _KeyedTurn(admitted, self, asked, call)
+                except SessionBusyError as exc:
+                    if mine:
+                        raise  # the key is this call's own: nothing else will run it (ABORTED)
+                    keyed = await self.follow_original(
+                        asked, call, exc, deadline, free=lambda: not self.core.guards.busy(planned.session)
+                    )
+                except (ConcurrencyError, IdempotencyKeyTaken) as exc:
+                    keyed = await self.follow_original(asked, call, exc, deadline)
             yield keyed
 
     @contextlib.asynccontextmanager
@@ -276,13 +286,20 @@ class LiveSessions:
 
     async def _reserved(self, asked: KeyRecord, p: ExecParams) -> KeyRecord:
         """What the key holds: what it did, or (new) the session and execution it plans."""
+        held, _ = await self._reservation(asked, p)
+        return held
+
+    async def _reservation(self, asked: KeyRecord, p: ExecParams) -> tuple[KeyRecord, bool]:
+        """What the key holds, and whether this call reserved it (False: an earlier or concurrent
+        attempt of the same request did)."""
         held = await self.keys.existing(asked)
         if held is not None:
-            return held
+            return held, False
         planned = dataclasses.replace(
             asked, session=p.session or new_session_uid(), execution_id=self.core.new_id()
         )
-        return await self.keys.reserve(planned)
+        held = await self.keys.reserve(planned)
+        return held, held.execution_id == planned.execution_id
 
     async def _planned(self, p: ExecParams, held: KeyRecord, call: CallContext) -> ExecParams:
         """``p`` as the key planned it: its session (created now when the request named none) and
@@ -306,22 +323,51 @@ class LiveSessions:
         )
         return _Following(view, follow)
 
+    @overload
     async def follow_original(
-        self, asked: KeyRecord, call: CallContext, refusal: BaseException
-    ) -> AdmittedTurn:
+        self, asked: KeyRecord, call: CallContext, refusal: BaseException, deadline: float
+    ) -> AdmittedTurn: ...
+
+    @overload
+    async def follow_original(
+        self,
+        asked: KeyRecord,
+        call: CallContext,
+        refusal: BaseException,
+        deadline: float,
+        *,
+        free: Callable[[], bool],
+    ) -> AdmittedTurn | None: ...
+
+    async def follow_original(
+        self,
+        asked: KeyRecord,
+        call: CallContext,
+        refusal: BaseException,
+        deadline: float,
+        *,
+        free: Callable[[], bool] | None = None,
+    ) -> AdmittedTurn | None:
         """A retry met its original still being admitted (the session busy, the key taken): wait
-        (bounded) for the original's EXECUTION_START, then follow it; else the refusal stands."""
-        deadline = time.monotonic() + ORIGINAL_WAIT_S
-        while time.monotonic() < deadline:
+        (until ``deadline``) for the original's EXECUTION_START, then follow it; the refusal
+        stands when it never comes. With ``free``: None as soon as ``free()`` says the session is
+        free while the key's execution has not started (the caller then admits it itself)."""
+        while True:
             held = await self.keys.existing(asked)
             if held is not None and held.state == DONE:
                 return await self._replayed(held, call)
+            if time.monotonic() >= deadline:
+                raise refusal
             if held is not None and held.session:
                 with self.live.feed.subscribe(held.session) as sub:
                     await sub.next(POLL_S)
             else:
                 await asyncio.sleep(POLL_S)
-        raise refusal
+            if free is not None and free():
+                held = await self.keys.existing(asked)
+                if held is not None and held.state == DONE:
+                    return await self._replayed(held, call)
+                return None
 
     # -- Submit ------------------------------------------------------------------------------------
 
@@ -562,6 +608,7 @@ class _KeyedTurn:
         except (IdempotencyKeyTaken, ConcurrencyError) as exc:
             if started:
                 raise
-            original = await self._live.follow_original(self._asked, self._call, exc)
+            deadline = time.monotonic() + ORIGINAL_WAIT_S
+            original = await self._live.follow_original(self._asked, self._call, exc, deadline)
             async for update in original.run():
                 yield update
