@@ -647,3 +647,25 @@ async def test_a_page_of_sessions_does_not_wait_behind_row_lookups(store: Sqlite
     assert await holding is True
     found = await lookup
     assert found is not None and found.uid == "s0"
+
+
+async def test_a_page_of_sessions_goes_to_a_pager_with_nothing_waiting(store: SqliteStore) -> None:
+    # Listers often page at once: a page must not queue behind another that is slow to finish.
+    await store.create_session(SessionRow(uid="s", project="p", create_time_ns=1))
+    started, release = threading.Event(), threading.Event()
+    pagers = store._sqlite._pagers
+    assert len(pagers) > 1
+
+    def hold(db: object) -> bool:
+        started.set()
+        return release.wait(30)
+
+    holding = asyncio.ensure_future(pagers[0].run(hold))
+    try:
+        assert await asyncio.to_thread(started.wait, 10)  # the first pager's thread is busy
+        async with asyncio.timeout(10):
+            rows, _ = await store.list_sessions("p", 100, "")
+        assert [r.uid for r in rows] == ["s"]
+    finally:
+        release.set()
+    assert await holding is True

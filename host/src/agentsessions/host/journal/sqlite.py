@@ -1,12 +1,13 @@
 """SQLite journal store: the embedded default, a dialect of ``engine.DialectStore``.
 
-Five connections, each used only on a thread of its own: the writer, a reader for row lookups
-(every turn makes a few), a pager for pages of sessions (so a ListSessions neither waits behind
-the turns' lookups nor holds them up), a records reader for ranges of records (so a long Replay
-never holds up either), and a scanner for ``verify`` (one consistent snapshot per verify, without
-holding up the readers), all in WAL mode. Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
-transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
-batch of appends, across sessions, durable, and the event loop hands off once per batch.
+Connections each used only on a thread of its own: the writer, a reader for row lookups (every
+turn makes one), pagers for pages of sessions (so a ListSessions neither waits behind the turns'
+lookups nor holds them up; a few, as listers often page at once), a records reader for ranges of
+records (so a long Replay never holds up either), and a scanner for ``verify`` (one consistent
+snapshot per verify, without holding up the readers), all in WAL mode. Each batch of the engine's
+group commit is one ``BEGIN IMMEDIATE`` transaction run start to finish on the writer's thread in
+one trip, so one fsync makes a whole batch of appends, across sessions, durable, and the event
+loop hands off once per batch.
 
 The write lock makes several stores (or processes) on one file single-writer safe. The writer
 keeps the heads it wrote or read in the engine's head cache, so an append to a session it owns
@@ -201,6 +202,7 @@ _HEAD: Final = (
 )
 
 _T = TypeVar("_T")
+_PAGERS: Final = 4  # connections serving pages of sessions
 
 
 # -- row encoding ------------------------------------------------------------------------------
@@ -254,6 +256,7 @@ class _Connection:
     def __init__(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
         self._jobs = jobs
         self.db: sqlite3.Connection | None = None
+        self.in_flight = 0  # jobs handed to the thread and not yet answered (on the event loop)
 
     @classmethod
     async def open(cls, path: str, busy_timeout_ms: int, role: str) -> _Connection:
@@ -272,7 +275,11 @@ class _Connection:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
         self._jobs.put((loop, future, work, args))
-        return await future
+        self.in_flight += 1
+        try:
+            return await future
+        finally:
+            self.in_flight -= 1
 
     async def run(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(connection, *args)`` on the connection's thread."""
@@ -611,7 +618,7 @@ class _SqliteDialect:
         path: str,
         writer: _Connection,
         reader: _Connection,
-        pager: _Connection,
+        pagers: Sequence[_Connection],
         records: _Connection,
         scanner: _Connection,
     ) -> None:
@@ -620,7 +627,9 @@ class _SqliteDialect:
         self._reader = reader
         # Under load the reader's queue holds hundreds of the turns' row lookups: a page of sessions
         # behind them waited up to ~300 ms (200 sessions turning), and held them up for ~7 ms each.
-        self._pager = pager
+        # A page goes to the pager with the fewest jobs in flight: 20 listers paging at once queued
+        # up to 18 pages deep on one (a page's ~1 ms of work takes 4-60 ms while the loop holds the GIL).
+        self._pagers = list(pagers)
         # Ranges of records (Replay pages, a journal read whole) on a thread of their own, so row
         # lookups and session pages never wait behind a long read.
         self._records = records
@@ -656,7 +665,8 @@ class _SqliteDialect:
         return await self._read("get session", _get_row, uid)
 
     async def list_rows(self, project: str, after: tuple[int, str] | None, limit: int) -> list[SessionRow]:
-        return await self._read("list sessions", _list_rows, project, after, limit, on=self._pager)
+        pager = min(self._pagers, key=lambda c: c.in_flight)
+        return await self._read("list sessions", _list_rows, project, after, limit, on=pager)
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
@@ -709,7 +719,7 @@ class _SqliteDialect:
         return int(rows[0][0])
 
     async def close(self) -> None:
-        for connection in (self.writer, self._reader, self._pager, self._records, self._scanner):
+        for connection in (self.writer, self._reader, *self._pagers, self._records, self._scanner):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
 
@@ -748,16 +758,19 @@ class SqliteStore(DialectStore):
             opened.append(writer)
             await writer.run(_prepare, where, mode)
             await writer.run(_create_live_tables, where)
-            for role in ("reader", "pager", "records", "scanner"):
+            readers: list[_Connection] = []
+            for role in ("reader", *(f"pager-{i}" for i in range(_PAGERS)), "records", "scanner"):
                 connection = await _Connection.open(where, busy_timeout_ms, role)
                 opened.append(connection)
+                readers.append(connection)
                 await connection.run(_fetch_all, "PRAGMA query_only = ON", ())
         except BaseException:
             for connection in opened:
                 with contextlib.suppress(sqlite3.Error):
                     await connection.close()
             raise
-        return cls(_SqliteDialect(where, *opened), max_batch=max_batch)
+        dialect = _SqliteDialect(where, writer, readers[0], readers[1:-2], readers[-2], readers[-1])
+        return cls(dialect, max_batch=max_batch)
 
     async def schema_version(self) -> int:
         """The schema version recorded in the file (``PRAGMA user_version``)."""
