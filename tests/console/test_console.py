@@ -50,6 +50,7 @@ CODING = [
 HELLO = "print('hello from the console')\n"
 WAIT_S = 30.0
 DRAFTS = 11
+STALE_RETRIES = 20  # a read that meets an element the console just replaced finds it again
 
 
 def http_address(host: HostProcess) -> str:
@@ -131,8 +132,14 @@ def rows(driver: WebDriver) -> list[str]:
 
 
 def text(driver: WebDriver, selector: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, selector)
-    return found[0].text if found else ""
+    """The first match's text; found again when the console redrew it between the find and the read."""
+    for _ in range(STALE_RETRIES):
+        found = driver.find_elements(By.CSS_SELECTOR, selector)
+        try:
+            return found[0].text if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector}: redrawn {STALE_RETRIES} times while being read")
 
 
 def drive_console(driver: WebDriver, base: str, uid: str, shots: Path) -> None:
@@ -168,8 +175,9 @@ def drive_console(driver: WebDriver, base: str, uid: str, shots: Path) -> None:
     # The session: its pending approval, approved here; the turn finishes on the page.
     driver.find_element(By.LINK_TEXT, uid).click()
     wait.until(lambda d: d.find_elements(By.ID, "approve"))
-    assert "write_file awaits approval" in text(driver, "#approval h2")
-    assert '"path": "hello.py"' in text(driver, "#approval pre")
+    # The panel is drawn again as the session's records arrive: read it through the wait.
+    wait.until(lambda d: "write_file awaits approval" in text(d, "#approval h2"))
+    wait.until(lambda d: '"path": "hello.py"' in text(d, "#approval pre"))
     driver.find_element(By.ID, "approval-reason").send_keys("looks good")
     driver.find_element(By.ID, "approve").click()
     wait.until(lambda d: text(d, "#session-state") == "COMPLETED")
