@@ -169,21 +169,35 @@ class LiveAdmission(Admission):
     async def start(
         self, core: Core, row: SessionRow, p: ExecParams, events: Sequence[common_pb2.Event], expected: int
     ) -> list[common_pb2.LogRecord]:
-        uid = row.uid
-        execution_id = events[0].execution_id
         ticket = p.ticket
+        return await self._admitted(
+            core,
+            row.uid,
+            events,
+            expected,
+            events[0].execution_id,
+            key=ticket.key if ticket is not None else None,
+            queued=ticket.queued if ticket is not None else "",
+        )
+
+    async def _admitted(
+        self,
+        core: Core,
+        uid: str,
+        events: Sequence[common_pb2.Event],
+        expected: int,
+        execution_id: str,
+        *,
+        key: KeyRecord | None = None,
+        queued: str = "",
+    ) -> list[common_pb2.LogRecord]:
+        """Append ``events`` at ``expected`` with ``execution_id``'s lease (and the key or queue row
+        it takes) in the same transaction, under a fence minted there."""
         normalized = [canon.normalize_event(e) for e in events]
         lease = self.keeper.fresh(uid, execution_id)
         try:
             with journal_append(uid, len(normalized)) as span:
-                records = await self.live.admit(
-                    uid,
-                    normalized,
-                    expected,
-                    lease,
-                    key=ticket.key if ticket is not None else None,
-                    queued=ticket.queued if ticket is not None else "",
-                )
+                records = await self.live.admit(uid, normalized, expected, lease, key=key, queued=queued)
                 span.wrote(records)
         except ConflictError as exc:
             raise ConcurrencyError(f"session {uid}: {exc}") from exc
@@ -209,18 +223,7 @@ class LiveAdmission(Admission):
         EXECUTION_START (under a fence minted there), so a crash right after it leaves an
         execution the recoverer finds by its lease."""
         execution_id = next(e.execution_id for e in events if e.kind == common_pb2.EVENT_EXECUTION_START)
-        normalized = [canon.normalize_event(e) for e in events]
-        try:
-            with journal_append(uid, len(normalized)) as span:
-                records = await self.live.admit(uid, normalized, head, self.keeper.fresh(uid, execution_id))
-                span.wrote(records)
-        except ConflictError as exc:
-            raise ConcurrencyError(f"session {uid}: {exc}") from exc
-        except FencedError as exc:
-            raise ConcurrencyError(f"session {uid}: superseded by a newer writer: {exc}") from exc
-        self.keeper.adopted(uid, execution_id)
-        core.cache.appended(uid, records)
-        return records
+        return await self._admitted(core, uid, events, head, execution_id)
 
 
 def _awaits_decision(events: list[common_pb2.Event], executions: list[Execution]) -> bool:

@@ -128,7 +128,7 @@ class Driver:
         try:
             try:
                 if running.cancel_reason is not None:
-                    pass
+                    pass  # cancelled before it was driven: it ends CANCELED below, the harness unrun
                 elif deadline_unix > 0:
                     remaining = deadline_unix - time.time()
                     async with asyncio.timeout(max(remaining, 0)):

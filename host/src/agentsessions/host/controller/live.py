@@ -352,10 +352,13 @@ class LiveSessions:
         (until ``deadline``) for the original's EXECUTION_START, then follow it; the refusal
         stands when it never comes. With ``free``: None as soon as ``free()`` says the session is
         free while the key's execution has not started (the caller then admits it itself)."""
+        freed = False
         while True:
             held = await self.keys.existing(asked)
             if held is not None and held.state == DONE:
                 return await self._replayed(held, call)
+            if freed:
+                return None
             if time.monotonic() >= deadline:
                 raise refusal
             if held is not None and held.session:
@@ -363,11 +366,7 @@ class LiveSessions:
                     await sub.next(POLL_S)
             else:
                 await asyncio.sleep(POLL_S)
-            if free is not None and free():
-                held = await self.keys.existing(asked)
-                if held is not None and held.state == DONE:
-                    return await self._replayed(held, call)
-                return None
+            freed = free is not None and free()
 
     # -- Submit ------------------------------------------------------------------------------------
 

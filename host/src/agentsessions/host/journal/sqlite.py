@@ -758,19 +758,17 @@ class SqliteStore(DialectStore):
             opened.append(writer)
             await writer.run(_prepare, where, mode)
             await writer.run(_create_live_tables, where)
-            readers: list[_Connection] = []
             for role in ("reader", *(f"pager-{i}" for i in range(_PAGERS)), "records", "scanner"):
                 connection = await _Connection.open(where, busy_timeout_ms, role)
                 opened.append(connection)
-                readers.append(connection)
                 await connection.run(_fetch_all, "PRAGMA query_only = ON", ())
         except BaseException:
             for connection in opened:
                 with contextlib.suppress(sqlite3.Error):
                     await connection.close()
             raise
-        dialect = _SqliteDialect(where, writer, readers[0], readers[1:-2], readers[-2], readers[-1])
-        return cls(dialect, max_batch=max_batch)
+        reader, *pagers, records, scanner = opened[1:]
+        return cls(_SqliteDialect(where, writer, reader, pagers, records, scanner), max_batch=max_batch)
 
     async def schema_version(self) -> int:
         """The schema version recorded in the file (``PRAGMA user_version``)."""
