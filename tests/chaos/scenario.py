@@ -254,10 +254,15 @@ class CrashScenario:
 
     async def verify_journal(self) -> subprocess.CompletedProcess[str]:
         """``agentsessions journal verify`` on the journal file, as an operator runs it."""
-        argv = [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(self.journal)]
-        return await asyncio.to_thread(
-            subprocess.run, argv, capture_output=True, text=True, timeout=WAIT_LIMIT_S, env=repo_env()
-        )
+        return await verify_journal_file(self.journal)
+
+
+async def verify_journal_file(journal: Path) -> subprocess.CompletedProcess[str]:
+    """``agentsessions journal verify`` on ``journal``, as an operator runs it (bounded)."""
+    argv = [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(journal)]
+    return await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=WAIT_LIMIT_S, env=repo_env()
+    )
 
 
 async def verify_chain(world: CrashScenario, uid: str, records: list[common_pb2.LogRecord]) -> None:

@@ -26,9 +26,9 @@ from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.sdk import convert
 from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.v1 import common_pb2, session_pb2
-from tests.chaos.scenario import WAIT_LIMIT_S, ExecInFlight, of_kind, wait_until
+from tests.chaos.scenario import WAIT_LIMIT_S, ExecInFlight, of_kind, verify_journal_file, wait_until
 from tests.support import describe_gate
-from tests.support.host_process import BIN, HarnessProcess, HostProcess, repo_env
+from tests.support.host_process import HarnessProcess, HostProcess
 from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_endpoint
 
 pytestmark = pytest.mark.e2e
@@ -99,12 +99,8 @@ class ResultsWorld:
             await store.close()
 
     async def verify(self) -> None:
-        argv = [str(BIN / "agentsessions"), "journal", "verify", "--journal", str(self.journal)]
-        done = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=repo_env()
-        )
-        _, err = await done.communicate()
-        assert done.returncode == 0, err.decode()
+        done = await verify_journal_file(self.journal)
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
