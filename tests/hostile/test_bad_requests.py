@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agentsessions.host import protowire
-from agentsessions.host.journal import encode_page_token
+from agentsessions.host.journal import encode_page_token, open_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.recordable import MAX_STRUCT_DEPTH
 from agentsessions.v1 import common_pb2, session_pb2
@@ -169,4 +169,57 @@ async def test_replay_from_the_largest_seq_is_an_empty_stream(
         got = [r async for r in host.sessions.Replay(request)]
         # Spec: Replay reads from_seq..to_seq; past the head there is nothing to read.
         assert [r.seq for r in got] == ([] if from_seq > 1 else [r.seq for r in await host.store.read(uid)])
+    assert _logged_tracebacks(tracebacks) == []
+
+
+# -- NUL characters: PostgreSQL's text and jsonb hold none ------------------------------------
+
+
+@pytest.fixture
+async def pg_host(pg_url: str) -> AsyncIterator[HostUnderTest]:
+    store = await open_store(pg_url)
+    try:
+        async with running_host(store) as h:
+            yield h
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_a_nul_in_a_map_value_uid_or_page_token_is_invalid_argument_on_postgres(
+    pg_host: HostUnderTest, tracebacks: pytest.LogCaptureFixture
+) -> None:
+    # These once reached PostgreSQL and answered INTERNAL (text and jsonb refuse U+0000); the
+    # rule is the host's, so every store answers the same.
+    cases = [
+        (
+            "CreateSession",
+            session_pb2.CreateSessionRequest(session=session_pb2.Session(labels={"k": "a\x00b"})),
+            "session.labels['k']: value must not contain NUL (U+0000)",
+        ),
+        (
+            "CreateSession",
+            session_pb2.CreateSessionRequest(session=session_pb2.Session(annotations={"note": "\x00"})),
+            "session.annotations['note']: value must not contain NUL (U+0000)",
+        ),
+        ("GetSession", session_pb2.GetSessionRequest(uid="sess\x00x"), "uid: must not contain control characters"),
+        ("DeleteSession", session_pb2.DeleteSessionRequest(uid="\x00"), "uid: must not contain control characters"),
+        (
+            "ListSessions",
+            session_pb2.ListSessionsRequest(page_token=encode_page_token(1, "a\x00b")),
+            "page_token: is not a token this host issued",
+        ),
+    ]
+    for method, request, details in cases:
+        err = await _unary(pg_host, method, request.SerializeToString())
+        assert (method, err.code(), err.details()) == (method, grpc.StatusCode.INVALID_ARGUMENT, details)
+    frames, err = await _stream(
+        pg_host, "Replay", session_pb2.ReplayRequest(session="a\x00").SerializeToString()
+    )
+    assert (frames, err.code(), err.details()) == (
+        [],
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "session: must not contain control characters",
+    )
+    await _nothing_written(pg_host)
     assert _logged_tracebacks(tracebacks) == []

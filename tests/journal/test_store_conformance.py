@@ -115,6 +115,36 @@ async def test_unset_origin_and_identity_stay_unset_and_empty_ones_stay_empty(st
     assert empty.origin == common_pb2.Origin() and empty.identity == common_pb2.IdentityRef()
 
 
+async def test_a_listed_row_is_the_row_got(store: JournalStore) -> None:
+    # Every column of a row comes back from a page exactly as from a lookup: text that JSON
+    # escapes, labels, unset and empty messages, blobs, a projection and a head.
+    rows = [
+        SessionRow(
+            uid="tricky",
+            project="p",
+            name='quote " back \\ slash, emoji \U0001f600',
+            harness="h\u2028",
+            model="m",
+            labels={"ü": 'a"b', "k": "\\", "ctl": "\t\n\x1f"},  # NUL is refused by the service
+            annotations={"{}": "[]"},
+            origin=common_pb2.Origin(source="cli", attributes={"k": "\x7f"}),
+            identity=common_pb2.IdentityRef(principal="alice", issuer="i", subject="s"),
+        ),
+        SessionRow(uid="empty", project="p", origin=common_pb2.Origin(), identity=common_pb2.IdentityRef()),
+        SessionRow(uid="unset", project="p"),
+    ]
+    for row in rows:
+        await store.create_session(row)
+    start = common_pb2.Event(kind=common_pb2.EVENT_EXECUTION_START, execution_id="e1")
+    await store.append("tricky", [start, inp("a")], expected_head=0, fence=0)
+    listed, _ = await store.list_sessions("p", 10, "")
+    assert sorted(r.uid for r in listed) == ["empty", "tricky", "unset"]
+    for row in listed:
+        assert row == await store.get_session(row.uid)
+    (tricky,) = [r for r in listed if r.uid == "tricky"]
+    assert tricky.last_seq == 2 and tricky.labels == rows[0].labels and tricky.name == rows[0].name
+
+
 async def test_create_twice_is_refused_and_unknown_is_none(store: JournalStore) -> None:
     await new_session(store, "sess-a")
     with pytest.raises(SessionExistsError):

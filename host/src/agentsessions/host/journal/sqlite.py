@@ -201,6 +201,17 @@ _HEAD: Final = (
     "FROM sessions WHERE session = ?"
 )
 
+# A page of sessions is one row, a JSON array that SQLite builds in a single step, so the pager's
+# thread gives the GIL up and takes it back once per page rather than once per session: with the
+# event loop busy (as under load) each retake waits up to the interpreter's switch interval, and a
+# page of 100 rows fetched row by row took 31 ms of wall time (p50, beside a busy thread) against
+# 5 ms as one row. Blobs travel as hex (NULL stays null: an empty message is a blob of no bytes).
+_PAGE_BLOBS: Final = (7, 8)  # origin, identity
+_PAGE_COLUMNS: Final = ", ".join(
+    f"iif({name} IS NULL, NULL, hex({name}))" if i in _PAGE_BLOBS else name
+    for i, name in enumerate(_ROW_COLUMNS.split(", "))
+)
+
 _T = TypeVar("_T")
 _PAGERS: Final = 4  # connections serving pages of sessions
 
@@ -547,19 +558,26 @@ def _list_rows(
     db: sqlite3.Connection, project: str, after: tuple[int, str] | None, limit: int
 ) -> list[SessionRow]:
     if after is None:
-        recs = db.execute(
-            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
-            "ORDER BY created_at DESC, session ASC LIMIT ?",
-            (project, limit),
-        ).fetchall()
+        where, args = "", (project, limit)
     else:
-        recs = db.execute(
-            f"SELECT {_ROW_COLUMNS} FROM sessions WHERE project = ? AND deleted = 0 "
-            "AND (created_at < ? OR (created_at = ? AND session > ?)) "
-            "ORDER BY created_at DESC, session ASC LIMIT ?",
-            (project, after[0], after[0], after[1], limit),
-        ).fetchall()
-    return [_row_from(r) for r in recs]
+        where = "AND (created_at < ? OR (created_at = ? AND session > ?)) "
+        args = (project, after[0], after[0], after[1], limit)
+    (text,) = db.execute(
+        f"SELECT json_group_array(json_array({_PAGE_COLUMNS})) FROM (SELECT {_ROW_COLUMNS} FROM sessions "
+        f"WHERE project = ? AND deleted = 0 {where}ORDER BY created_at DESC, session ASC LIMIT ?)",
+        args,
+    ).fetchone()
+    rows = [_row_from(_page_item(item)) for item in json.loads(text)]
+    # The aggregate's order is the subquery's in practice, which SQLite does not promise.
+    rows.sort(key=lambda r: (-r.create_time_ns, r.uid))
+    return rows
+
+
+def _page_item(item: list[Any]) -> list[Any]:
+    for i in _PAGE_BLOBS:
+        if item[i] is not None:
+            item[i] = bytes.fromhex(item[i])
+    return item
 
 
 def _read(db: sqlite3.Connection, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:

@@ -30,6 +30,8 @@ def session_uid(field: str, value: str) -> str:
     require(field, value)
     if len(value) > MAX_UID:
         raise InvalidArgumentError(field, f"must be at most {MAX_UID} characters")
+    if any(ord(c) < 0x20 for c in value):
+        raise InvalidArgumentError(field, "must not contain control characters")
     return value
 
 
@@ -58,6 +60,9 @@ def string_map(field: str, values: Mapping[str, str]) -> dict[str, str]:
         bounded(f"{field}[{key!r}]", key, MAX_KEY)
         if len(value) > MAX_VALUE:
             raise InvalidArgumentError(f"{field}[{key!r}]", f"value must be at most {MAX_VALUE} characters")
+        if "\x00" in value:
+            # Any other text is a value; PostgreSQL's text and jsonb cannot hold this one.
+            raise InvalidArgumentError(f"{field}[{key!r}]", "value must not contain NUL (U+0000)")
     return dict(values)
 
 
