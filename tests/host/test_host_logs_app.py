@@ -93,3 +93,29 @@ async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_li
         assert [service.name for service in app.admin_services] == ["agentsessions.v1.HarnessRegistry"]
     finally:
         await app.close()
+
+
+def test_background_logging_writes_every_line_in_order_formatted_where_it_was_logged() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    logs.configure("info", "json", stream, background=True)
+    try:
+        log = logging.getLogger("agentsessions.test.background")
+        for i in range(200):
+            requestid.bind(f"req-{i}")
+            log.info("line", extra=logs.fields(n=i))
+        requestid.bind("")
+        logs.drain()  # what the process does at exit: every queued line is written
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [(x["n"], x["request_id"]) for x in lines] == [(i, f"req-{i}") for i in range(200)]
+        # After the drain the same handler writes in place: nothing is queued and lost.
+        log.info("after", extra=logs.fields(n=200))
+        assert json.loads(stream.getvalue().splitlines()[-1])["n"] == 200
+    finally:
+        logs.drain()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in before[0]:
+            root.addHandler(handler)
+        root.setLevel(before[1])

@@ -9,7 +9,9 @@ every answer readable by a client on gRPC's default 4 MiB message size:
   harness frame, a model answer or a tool result over it fails the turn with RESOURCE_EXHAUSTED
   and an ERROR record, and nothing a default client cannot read back is ever journaled;
 * ``--max-executions`` / ``--max-project-executions``: turns driven at once on this host, in all
-  and per project; one more is refused with RESOURCE_EXHAUSTED before anything is written.
+  and per project; one more is refused with RESOURCE_EXHAUSTED before anything is written;
+* ``--max-read-records-per-s``: journal records Replay and Watch stream, all callers together,
+  while executions run and the event loop is congested (``controller/pacing.py``); 0 never paces.
 
 Request limits answer INVALID_ARGUMENT naming the field and the flag; capacity limits answer
 RESOURCE_EXHAUSTED naming the flag (docs/errors.md).
@@ -65,7 +67,15 @@ _FLAGS: Final = (
     _Flag(
         "--max-project-executions", "max_project_executions", 256, "executions running at once per project"
     ),
+    _Flag(
+        "--max-read-records-per-s",
+        "max_read_records_per_s",
+        2000,
+        "records streamed by Replay and Watch per second while turns load the host (0: no limit)",
+    ),
 )
+# Limits that may be 0 (switched off).
+_MAY_BE_ZERO: Final = frozenset({"max_read_records_per_s"})
 
 
 @dataclass(frozen=True)
@@ -77,11 +87,15 @@ class Limits:
     max_record_bytes: int = MAX_READABLE_BYTES
     max_executions: int = 512
     max_project_executions: int = 256
+    max_read_records_per_s: int = 2000
 
     def __post_init__(self) -> None:
         for spec in _FLAGS:
             value = getattr(self, spec.attr)
-            if value < 1:
+            if spec.attr in _MAY_BE_ZERO:
+                if value < 0:
+                    raise LimitsError(f"{spec.flag} {value} must be at least 0 (0: no limit)")
+            elif value < 1:
                 raise LimitsError(f"{spec.flag} {value} must be at least 1")
         if self.max_record_bytes > MAX_READABLE_BYTES:
             raise LimitsError(
@@ -123,7 +137,7 @@ DEFAULT_LIMITS: Final = Limits()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The limit flags of ``serve``."""
     for spec in _FLAGS:
-        unit = "" if "executions" in spec.attr else " bytes"
+        unit = " bytes" if spec.attr.endswith("_bytes") else ""
         parser.add_argument(
             spec.flag,
             metavar="N",

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextvars
 import re
-import secrets
 from collections.abc import Iterable
+
+from agentsessions.host import ids
 
 HEADER = "x-request-id"
 
@@ -31,7 +32,7 @@ def bind(request_id: str) -> contextvars.Token[str]:
 
 
 def mint() -> str:
-    return secrets.token_hex(16)
+    return ids.token_hex(16)
 
 
 def from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:

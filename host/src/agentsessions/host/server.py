@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"agentsessions serve: error: {exc}", file=sys.stderr)
         return 2
-    logs.configure(config.log_level, config.log_format)
+    logs.configure(config.log_level, config.log_format, background=True)
     try:
         installed = telemetry.install(config.otel_exporter)
     except telemetry.TelemetryError as exc:

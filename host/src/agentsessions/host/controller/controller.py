@@ -11,7 +11,6 @@ and tools; not gRPC.
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Callable
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -40,6 +39,7 @@ from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
 from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
+from agentsessions.host.controller.pacing import ReadPacer
 from agentsessions.host.controller.replay import ReplayReport
 from agentsessions.host.controller.results import DEFAULT_CORRECTIONS, Settler
 from agentsessions.host.controller.sinks import SinkFactory
@@ -47,6 +47,7 @@ from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.controller.writer import JournalWriter
+from agentsessions.host.ids import token_hex
 from agentsessions.host.journal import encode_page_token
 from agentsessions.host.journal.live import LiveStore
 from agentsessions.host.journal.store import (
@@ -82,6 +83,7 @@ class Controller:
         live: LiveSettings | None = None,
         result_corrections: int = DEFAULT_CORRECTIONS,
         compaction: CompactionSettings | None = None,
+        read_pacer: ReadPacer | None = None,
     ) -> None:
         self.store = store
         # Request, record and concurrency limits; the servicer checks requests against them too.
@@ -91,7 +93,7 @@ class Controller:
         # Host decisions at approval gates (rules, session grants, expiry): approval_policy.py.
         self.approval_policy = approval_policy or ApprovalPolicy()
         # Execution and model-call ids: 16 random hex digits (injectable for reproducible journals).
-        ids: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
+        ids: Callable[[], str] = new_id or (lambda: token_hex(8))
         cache = JournalCache(store)
         self.guards = SessionGuards(cancel_grace_s)
         # With ``live`` (and a store that keeps live tables): leases, keys, queues, Watch (live.py).
@@ -107,6 +109,9 @@ class Controller:
             admission = LiveAdmission(
                 live_store, keeper, recover=self._recover_first if live.recover else None
             )
+        slots = ExecutionSlots(self.limits)
+        reads = read_pacer or ReadPacer(self.limits.max_read_records_per_s)
+        reads.counts(lambda: slots.running)
         self._core = Core(
             store=store,
             cache=cache,
@@ -132,7 +137,8 @@ class Controller:
             purge_on_delete=purge_on_delete,
             cancel_grace_s=cancel_grace_s,
             limits=self.limits,
-            slots=ExecutionSlots(self.limits),
+            slots=slots,
+            reads=reads,
             admission=admission,
             result_corrections=result_corrections,
             compactor=Compactor(model, compaction or CompactionSettings()),

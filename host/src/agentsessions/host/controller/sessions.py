@@ -5,7 +5,6 @@ deleted. Every other concern reads sessions through here."""
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 
 from agentsessions.host.callcontext import CallContext
@@ -19,6 +18,7 @@ from agentsessions.host.controller.errors import (
 )
 from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.state import SessionView, derive_view, projected_view
+from agentsessions.host.ids import token_hex
 from agentsessions.host.journal.store import (
     COMPUTE_NONE,
     Head,
@@ -34,7 +34,7 @@ Journal = tuple[list[common_pb2.Event], list[Execution]]
 
 
 def new_session_uid() -> str:
-    return "sess-" + secrets.token_hex(12)
+    return "sess-" + token_hex(12)
 
 
 async def row(core: Core, call: CallContext, uid: str) -> SessionRow:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +40,7 @@ from agentsessions.host.controller.executions import Effect
 from agentsessions.host.controller.inputhash import model_input_hash
 from agentsessions.host.controller.modes import GATE, ModeCheck, decided_by_mode
 from agentsessions.host.controller.tools import ToolInvoker, check_host_call, check_reported_result
+from agentsessions.host.ids import token_hex
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.host.tools.task import is_task_call
@@ -120,7 +120,7 @@ class ExecutionSink:
         self._delta_batching = delta_batching or DeltaBatching()
         self._inherited = inherited_prefix
         self._redrive_model = redrive_trailing_model
-        self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
+        self._new_id: Callable[[], str] = new_id or (lambda: token_hex(8))
         self._gate = gate
         self._modes = modes
         self.host_mode = host_mode  # the session's mode, announced to the harness

@@ -4,7 +4,6 @@ the execution (:class:`Recorded`) and whether the sink may go live."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mod
 from agentsessions.host.controller.sink import DeltaSink, ExecutionSink, TaskGate
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.ids import token_hex
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.task import offers_task
@@ -55,7 +55,7 @@ class SinkFactory:
     ) -> None:
         self._model = model
         self._tools = tools
-        self._new_id: Callable[[], str] = new_id or (lambda: secrets.token_hex(8))
+        self._new_id: Callable[[], str] = new_id or (lambda: token_hex(8))
         self._stream_deltas = stream_deltas
         self._delta_batching = delta_batching or DeltaBatching()
         self._policy = approval_policy

@@ -218,7 +218,9 @@ def decode_page_token(token: str) -> tuple[int, str]:
     except (binascii.Error, ValueError):
         raise bad from None
     nanos, sep, uid = text.partition("\x00")
-    if not sep or not uid or any(ord(c) < 0x20 for c in uid) or not nanos.isdigit() or not nanos.isascii() or int(nanos) > MAX_SEQ:
+    if not sep or not uid or not nanos.isdigit() or not nanos.isascii() or int(nanos) > MAX_SEQ:
+        raise bad
+    if any(ord(c) < 0x20 for c in uid):  # no uid holds one (and PostgreSQL's text holds no NUL)
         raise bad
     # Only the canonical spelling round-trips; anything else was not issued by us.
     if encode_page_token(int(nanos), uid) != token:

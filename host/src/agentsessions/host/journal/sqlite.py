@@ -557,6 +557,7 @@ def _get_row(db: sqlite3.Connection, uid: str) -> SessionRow | None:
 def _list_rows(
     db: sqlite3.Connection, project: str, after: tuple[int, str] | None, limit: int
 ) -> list[SessionRow]:
+    args: tuple[str | int, ...]
     if after is None:
         where, args = "", (project, limit)
     else:

@@ -1,0 +1,151 @@
+"""Reads yield to turns under load (controller/pacing.py): the pacer's rule, the loop probe, and
+Replay and Watch streaming through it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentsessions.host.controller import pacing, watch
+from agentsessions.host.controller.pacing import LagProbe, ReadPacer
+from agentsessions.host.journal.memory import MemoryStore
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.v1 import common_pb2, session_pb2
+from tests.support.host import HostUnderTest, running_host, text_input
+
+
+class Fakes:
+    """A clock that moves only when told, a sleep that records, and the two conditions."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+        self.running = 1
+        self.congested = True
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 6))
+
+    def pacer(self, rate: int) -> ReadPacer:
+        return ReadPacer(
+            rate,
+            lambda: self.running,
+            congested=lambda: self.congested,
+            clock=lambda: self.now,
+            sleep=self.sleep,
+        )
+
+
+async def test_reads_are_paced_only_while_turns_run_on_a_congested_loop() -> None:
+    f = Fakes()
+    pacer = f.pacer(1000)
+    for running, congested in ((0, True), (1, False), (0, False)):
+        f.running, f.congested = running, congested
+        for _ in range(3):
+            await pacer.take(100)
+    assert f.slept == [] and pacer.paced == 0
+    f.running, f.congested = 3, True
+    for _ in range(3):
+        await pacer.take(100)
+    # The first chunk goes at once; each next one waits for the time the ones before it took.
+    assert f.slept == [0.1, 0.2] and pacer.paced == 200
+
+
+async def test_no_backlog_outlives_the_congestion_and_time_passing_repays_it() -> None:
+    f = Fakes()
+    pacer = f.pacer(1000)
+    await pacer.take(500)
+    await pacer.take(100)
+    assert f.slept == [0.5]
+    f.congested = False
+    await pacer.take(100)  # relieved: the reservations so far are forgotten
+    f.congested = True
+    await pacer.take(100)
+    f.now += 10.0  # long after the last reservation
+    await pacer.take(100)
+    assert f.slept == [0.5]
+
+
+async def test_a_rate_of_zero_never_paces() -> None:
+    f = Fakes()
+    pacer = f.pacer(0)
+    for _ in range(5):
+        await pacer.take(1000)
+    assert f.slept == [] and pacer.paced == 0
+
+
+async def test_the_probe_sees_a_loop_that_runs_its_timers_late() -> None:
+    probe = LagProbe()
+    assert not probe.congested()  # the first ask starts probing: no measurement yet
+    for _ in range(200):
+        time.sleep(0.005)  # noqa: ASYNC251 - the loop is held, as by a callback that runs long
+        await asyncio.sleep(0)
+        if probe.congested():
+            break
+    assert probe.congested()
+
+
+async def test_the_probe_stops_when_nobody_asks() -> None:
+    now = [0.0]
+    probe = LagProbe(clock=lambda: now[0])
+    probe.congested()
+    task = probe._task
+    assert task is not None
+    now[0] += pacing.PROBE_IDLE_S + 1  # nobody asked since
+    await asyncio.wait_for(task, timeout=5)
+    assert not probe.congested()  # asking again starts it again
+    assert probe._task is not None and probe._task is not task
+
+
+# -- Replay and Watch through the pacer ----------------------------------------------------------
+
+
+RECORDS = 350
+
+
+@pytest.fixture
+def fakes() -> Fakes:
+    return Fakes()
+
+
+@pytest.fixture
+async def host(fakes: Fakes) -> AsyncIterator[HostUnderTest]:
+    pacer = ReadPacer(
+        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep
+    )  # counts the controller's own executions
+    async with running_host(MemoryStore(), read_pacer=pacer) as h:
+        yield h
+
+
+async def _long_session(host: HostUnderTest) -> str:
+    row = await host.store.create_session(SessionRow(uid="sess-long", project="default"))
+    events = [
+        common_pb2.Event(kind=common_pb2.EVENT_INPUT, message=text_input(f"m{i}")) for i in range(RECORDS)
+    ]
+    await host.store.append(row.uid, events, expected_head=0, fence=0)
+    return row.uid
+
+
+async def test_replay_streams_every_record_paced_while_an_execution_runs(
+    host: HostUnderTest, fakes: Fakes
+) -> None:
+    uid = await _long_session(host)
+    unpaced = [r.seq async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
+    assert unpaced == list(range(1, RECORDS + 1)) and fakes.slept == []  # no execution runs
+    with host.controller._core.slots.hold("default"):
+        paced = [r.seq async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
+    assert paced == unpaced
+    # Chunks of 100 at 1,000 records/s: the 2nd, 3rd and 4th waited 0.1, 0.2 and 0.3 s.
+    assert fakes.slept == [0.1, 0.2, 0.3]
+
+
+async def test_a_watch_catching_up_is_paced_as_a_replay_is(host: HostUnderTest, fakes: Fakes) -> None:
+    uid = await _long_session(host)
+    with host.controller._core.slots.hold("default"):
+        seqs = [r.seq async for r in watch._pages(host.controller._core, uid, 1)]
+    assert seqs == list(range(1, RECORDS + 1))
+    # Chunks of 100 within pages of 256: 100, 100, 56, then 94; each waits for those before it.
+    assert watch.PAGE == 256 and fakes.slept == [0.1, 0.2, 0.256]
