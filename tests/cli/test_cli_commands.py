@@ -221,8 +221,17 @@ async def test_watch_follows_a_session_as_another_client_runs_it(host: str) -> N
         async with asyncio.timeout(60):
             assert (await watcher.stderr.readline()).decode().startswith(f"watching {uid}")
             await cli("exec", "-s", uid, "live one", server=host)
-            printed = [(await watcher.stdout.readline()).decode() for _ in range(4)]
-        assert printed == ["> live one\n", "   [running]\n", "echo:live one\n", "   [completed]\n"]
+            printed: list[str] = []
+            while not printed or printed[-1] != "   [completed]\n":
+                printed.append((await watcher.stdout.readline()).decode())
+        # The records in order, the state after the records that made it. Whether the follower
+        # saw the turn running depends on how far behind the turn it was (tests/live pins that).
+        assert [p for p in printed if p != "   [running]\n"] == [
+            "> live one\n",
+            "echo:live one\n",
+            "   [completed]\n",
+        ]
+        assert printed.count("   [running]\n") <= 1
     finally:
         watcher.send_signal(signal.SIGINT)
         async with asyncio.timeout(30):

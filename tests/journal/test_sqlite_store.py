@@ -669,3 +669,54 @@ async def test_a_page_of_sessions_goes_to_a_pager_with_nothing_waiting(store: Sq
     finally:
         release.set()
     assert await holding is True
+
+
+# -- work on the event loop's thread while the host is quiet --------------------------------------
+
+
+async def test_quiet_commits_and_row_lookups_run_on_the_loop_and_busy_ones_on_their_threads(
+    store: SqliteStore,
+) -> None:
+    dialect = store._dialect
+    assert isinstance(dialect, sqlite_store._SqliteDialect)
+    quiet = [True]
+    store.work_inline_while(lambda: quiet[0])
+    await store.create_session(SessionRow(uid="s", project="p"))
+    await store.append("s", [inp("a")], expected_head=0, fence=0)
+    assert await store.get_session("s") is not None
+    here = (dialect.writer.inline_jobs, dialect._reader.inline_jobs)
+    assert here[0] >= 2 and here[1] >= 1
+    quiet[0] = False
+    await store.append("s", [inp("b")], expected_head=1, fence=0)
+    got = await store.get_session("s")
+    assert got is not None and got.last_seq == 2
+    assert (dialect.writer.inline_jobs, dialect._reader.inline_jobs) == here
+    assert [r.seq for r in await store.read("s")] == [1, 2]
+
+
+async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    dialect = store._dialect
+    assert isinstance(dialect, sqlite_store._SqliteDialect)
+    store.work_inline_while(lambda: True)
+    await store.create_session(SessionRow(uid="s", project="p"))
+    other = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+        append = asyncio.create_task(store.append("s", [inp("a")], expected_head=0, fence=0))
+        # The loop keeps running (this coroutine does) while the append waits on the writer's
+        # thread, with the busy timeout, instead of holding the loop until the lock is free.
+        for _ in range(1000):
+            if dialect.writer.in_flight or append.done():
+                break
+            await asyncio.sleep(0)
+        assert dialect.writer.in_flight == 1 and not append.done()
+        other.execute("ROLLBACK")
+        await append
+    finally:
+        other.close()
+    assert [r.seq for r in await store.read("s")] == [1]
+    # The writer's own busy timeout is back after the attempt that did not wait.
+    timeout = await dialect.writer.queued(lambda db: db.execute("PRAGMA busy_timeout").fetchone()[0])
+    assert timeout == dialect.writer.busy_timeout_ms > 0

@@ -112,6 +112,8 @@ class Controller:
         slots = ExecutionSlots(self.limits)
         reads = read_pacer or ReadPacer(self.limits.max_read_records_per_s)
         reads.counts(lambda: slots.running)
+        # At most one execution running: nothing else waits on the loop while a commit holds it.
+        store.work_inline_while(lambda: slots.running <= 1)
         self._core = Core(
             store=store,
             cache=cache,

@@ -215,11 +215,15 @@ async def watch(
                 queue_dirty = True
             elif item is CAUGHT_UP and follow:
                 if state_dirty:
-                    state_dirty = False
                     view = await views.at_least(uid, seen)
-                    if _state(view) != shown:
-                        shown = _state(view)
-                        yield view
+                    # A view derived past the records delivered so far waits for them: a follower
+                    # never sees a state (COMPLETED) before the records that made it (the OUTPUT);
+                    # a state the session passed through meanwhile is not shown.
+                    if view.row.last_seq <= seen:
+                        state_dirty = False
+                        if _state(view) != shown:
+                            shown = _state(view)
+                            yield view
                 if queue_dirty:
                     queue_dirty = False
                     now = tuple(await live.queue(uid))

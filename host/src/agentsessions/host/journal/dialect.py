@@ -126,6 +126,10 @@ class Dialect(Protocol):
         """The refusal a failed transaction becomes (a typed store error, never a driver's)."""
         ...
 
+    def work_inline_while(self, quiet: Callable[[], bool]) -> None:
+        """Where the dialect can, do its work on the caller's thread while ``quiet()`` holds."""
+        ...
+
     async def get_row(self, uid: str) -> SessionRow | None:
         """A live session's row (derived last_seq and compute_state included)."""
         ...

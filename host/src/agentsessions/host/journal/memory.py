@@ -211,6 +211,9 @@ class _MemoryDialect:
     def batch_failure(self, exc: Exception) -> BatchFailure:
         return BatchFailure(StoreError, f"journal write failed: {exc!r}")
 
+    def work_inline_while(self, quiet: Callable[[], bool]) -> None:
+        pass  # every write and read already runs on the caller's thread
+
     async def get_row(self, uid: str) -> SessionRow | None:
         return self.memory.row(uid)
 

@@ -462,6 +462,9 @@ class _PostgresDialect:
         async with self.pool.acquire(timeout=COMMAND_TIMEOUT_S) as conn, conn.transaction():
             return await body(_Transaction(conn))
 
+    def work_inline_while(self, quiet: Callable[[], bool]) -> None:
+        pass  # asyncpg works on the event loop already
+
     def batch_failure(self, exc: Exception) -> BatchFailure:
         if isinstance(exc, StoreError):
             return BatchFailure(type(exc), str(exc))

@@ -7,7 +7,7 @@ in normalized ``Event`` messages and get back the ``LogRecord``s that were made 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,6 +109,10 @@ class JournalStore(Protocol):
     @property
     def health(self) -> JournalHealth:
         """Whether the journal takes writes, as the last write found (journal.health)."""
+        ...
+
+    def work_inline_while(self, quiet: Callable[[], bool]) -> None:
+        """Where faster, do the store's work on the event loop's thread while ``quiet()`` holds."""
         ...
 
     async def probe(self) -> None:
