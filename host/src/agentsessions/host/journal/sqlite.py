@@ -206,7 +206,7 @@ _HEAD: Final = (
 # event loop busy (as under load) each retake waits up to the interpreter's switch interval, and a
 # page of 100 rows fetched row by row took 31 ms of wall time (p50, beside a busy thread) against
 # 5 ms as one row. Blobs travel as hex (NULL stays null: an empty message is a blob of no bytes).
-_PAGE_BLOBS: Final = (7, 8)  # origin, identity
+_PAGE_BLOBS: Final = tuple(i for i, n in enumerate(_ROW_COLUMNS.split(", ")) if n in ("origin", "identity"))
 _PAGE_COLUMNS: Final = ", ".join(
     f"iif({name} IS NULL, NULL, hex({name}))" if i in _PAGE_BLOBS else name
     for i, name in enumerate(_ROW_COLUMNS.split(", "))
