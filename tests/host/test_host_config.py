@@ -224,6 +224,8 @@ def test_limits_have_defaults_flags_and_variables() -> None:
     assert resolve(["--max-read-records-per-s", "0"]).limits.max_read_records_per_s == 0  # never paced
     paced = resolve([], {"AGENTSESSIONS_MAX_READ_RECORDS_PER_S": "500"})
     assert paced.limits.max_read_records_per_s == 500
+    assert config.limits.max_listed_sessions_per_s == 10_000
+    assert resolve(["--max-listed-sessions-per-s", "0"]).limits.max_listed_sessions_per_s == 0
 
 
 @pytest.mark.parametrize(

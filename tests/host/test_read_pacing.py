@@ -149,3 +149,28 @@ async def test_a_watch_catching_up_is_paced_as_a_replay_is(host: HostUnderTest, 
     assert seqs == list(range(1, RECORDS + 1))
     # Chunks of 100 within pages of 256: 100, 100, 56, then 94; each waits for those before it.
     assert watch.PAGE == 256 and fakes.slept == [0.1, 0.2, 0.256]
+
+
+async def test_listing_is_paced_by_sessions_listed_while_an_execution_runs(fakes: Fakes) -> None:
+    pacer = ReadPacer(1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep)
+    async with running_host(MemoryStore(), list_pacer=pacer) as host:
+        for i in range(250):
+            await host.store.create_session(SessionRow(uid=f"sess-{i:03d}", project="default"))
+
+        async def every_page() -> list[str]:
+            uids: list[str] = []
+            token = ""
+            while True:
+                request = session_pb2.ListSessionsRequest(page_size=100, page_token=token)
+                page = await host.sessions.ListSessions(request)
+                uids += [s.metadata.uid for s in page.sessions]
+                token = page.next_page_token
+                if not token:
+                    return uids
+
+        unpaced = await every_page()
+        assert len(unpaced) == 250 and fakes.slept == []  # no execution runs
+        with host.controller._core.slots.hold("default"):
+            assert await every_page() == unpaced
+    # Pages of 100, 100 and 50 at 1,000 sessions/s: the 2nd and 3rd waited 0.1 and 0.2 s.
+    assert fakes.slept == [0.1, 0.2]

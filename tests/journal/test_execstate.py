@@ -10,7 +10,7 @@ journal, both folded whole and appended record by record.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
@@ -150,6 +150,10 @@ def test_appending_record_by_record_keeps_the_derived_state(
     """A fork child (its parent's records 1..fork_seq folded whole), then every later append
     folded one record at a time, as the store does in each append's transaction."""
     fork_seq = min(cut, len(journal))
+    # Appends carry host-minted execution ids (8 random bytes), never one the journal holds; a
+    # journal that starts a known execution again comes in whole (import), and a full fold sees
+    # it (test_a_full_fold_sees_an_older_execution_started_again).
+    assume(not _restarts_an_older_execution(journal, fork_seq))
     projection = execstate.fold(journal[:fork_seq], fork_seq=fork_seq)
     for seq in range(fork_seq + 1, len(journal) + 1):
         projection = execstate.advance(projection, journal[seq - 1], seq)
@@ -161,6 +165,26 @@ def test_appending_record_by_record_keeps_the_derived_state(
             projected_view(_row(journal[:seq], fork_seq), projection, running_here=running_here),
             _derived(journal[:seq], fork_seq, running_here),
         )
+
+
+def _restarts_an_older_execution(journal: list[common_pb2.Event], fork_seq: int) -> bool:
+    """Whether an appended EXECUTION_START (past ``fork_seq``) names an id the journal already
+    holds: never so for the host's appends, whose ids are minted fresh."""
+    seen: set[str] = set()
+    for seq, event in enumerate(journal, 1):
+        if event.kind == K.EVENT_EXECUTION_START and seq > fork_seq and event.execution_id in seen:
+            return True
+        seen.add(event.execution_id)
+    return False
+
+
+def test_a_full_fold_sees_an_older_execution_started_again() -> None:
+    journal = [common_pb2.Event(kind=K.EVENT_EXECUTION_START, execution_id=i) for i in ("a", "b", "a")]
+    folded = execstate.fold(journal, fork_seq=0)
+    _same(
+        projected_view(_row(journal, 0), folded, running_here=False),
+        _derived(journal, 0, False),
+    )
 
 
 @given(journal=turns())

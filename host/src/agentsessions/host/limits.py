@@ -11,7 +11,9 @@ every answer readable by a client on gRPC's default 4 MiB message size:
 * ``--max-executions`` / ``--max-project-executions``: turns driven at once on this host, in all
   and per project; one more is refused with RESOURCE_EXHAUSTED before anything is written;
 * ``--max-read-records-per-s``: journal records Replay and Watch stream, all callers together,
-  while executions run and the event loop is congested (``controller/pacing.py``); 0 never paces.
+  while executions run and the event loop is congested (``controller/pacing.py``); 0 never paces;
+* ``--max-listed-sessions-per-s``: sessions ListSessions pages hold, all callers together, under
+  the same conditions; 0 never paces.
 
 Request limits answer INVALID_ARGUMENT naming the field and the flag; capacity limits answer
 RESOURCE_EXHAUSTED naming the flag (docs/errors.md).
@@ -73,9 +75,15 @@ _FLAGS: Final = (
         2000,
         "records streamed by Replay and Watch per second while turns load the host (0: no limit)",
     ),
+    _Flag(
+        "--max-listed-sessions-per-s",
+        "max_listed_sessions_per_s",
+        10_000,
+        "sessions listed by ListSessions per second while turns load the host (0: no limit)",
+    ),
 )
 # Limits that may be 0 (switched off).
-_MAY_BE_ZERO: Final = frozenset({"max_read_records_per_s"})
+_MAY_BE_ZERO: Final = frozenset({"max_read_records_per_s", "max_listed_sessions_per_s"})
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class Limits:
     max_executions: int = 512
     max_project_executions: int = 256
     max_read_records_per_s: int = 2000
+    max_listed_sessions_per_s: int = 10_000
 
     def __post_init__(self) -> None:
         for spec in _FLAGS:

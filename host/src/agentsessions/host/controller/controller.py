@@ -39,7 +39,7 @@ from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
 from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
-from agentsessions.host.controller.pacing import ReadPacer
+from agentsessions.host.controller.pacing import LagProbe, ReadPacer
 from agentsessions.host.controller.replay import ReplayReport
 from agentsessions.host.controller.results import DEFAULT_CORRECTIONS, Settler
 from agentsessions.host.controller.sinks import SinkFactory
@@ -84,6 +84,7 @@ class Controller:
         result_corrections: int = DEFAULT_CORRECTIONS,
         compaction: CompactionSettings | None = None,
         read_pacer: ReadPacer | None = None,
+        list_pacer: ReadPacer | None = None,
     ) -> None:
         self.store = store
         # Request, record and concurrency limits; the servicer checks requests against them too.
@@ -110,8 +111,11 @@ class Controller:
                 live_store, keeper, recover=self._recover_first if live.recover else None
             )
         slots = ExecutionSlots(self.limits)
-        reads = read_pacer or ReadPacer(self.limits.max_read_records_per_s)
-        reads.counts(lambda: slots.running)
+        congested = LagProbe().congested  # one probe of the loop for both pacers
+        reads = read_pacer or ReadPacer(self.limits.max_read_records_per_s, congested=congested)
+        listing = list_pacer or ReadPacer(self.limits.max_listed_sessions_per_s, congested=congested)
+        for pacer in (reads, listing):
+            pacer.counts(lambda: slots.running)
         # At most one execution running: nothing else waits on the loop while a commit holds it.
         store.work_inline_while(lambda: slots.running <= 1)
         self._core = Core(
@@ -141,6 +145,7 @@ class Controller:
             limits=self.limits,
             slots=slots,
             reads=reads,
+            listing=listing,
             admission=admission,
             result_corrections=result_corrections,
             compactor=Compactor(model, compaction or CompactionSettings()),

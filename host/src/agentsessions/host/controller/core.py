@@ -48,6 +48,7 @@ class Core:
     limits: Limits  # request, record and concurrency limits (agentsessions.host.limits)
     slots: ExecutionSlots  # executions running on this host, bounded by the limits
     reads: ReadPacer  # the records Replay and Watch stream yield to turns under load (pacing.py)
+    listing: ReadPacer  # and so do the sessions ListSessions pages hold
     # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
     admission: Admission
     # Corrective turns a turn bound to a result schema may take (controller/results.py).

@@ -142,6 +142,7 @@ async def page(
         rows, next_token = await core.store.list_sessions(project, page_size, token)
     except InvalidPageTokenError as exc:
         raise InvalidArgumentError("page_token", "is not a token this host issued") from exc
+    await core.listing.take(len(rows))  # listing yields to turns under load (pacing.py)
     return [await view(core, r) for r in rows], next_token
 
 

@@ -219,7 +219,10 @@ def advance(
 ) -> ExecProjection:
     """The projection after appending ``event`` at ``seq``. ``inherited`` says the record lies in
     a fork-copied prefix; ``known_ids`` (a full fold's, updated here) is every execution id seen
-    so far, which settles records of executions other than the latest."""
+    so far, which settles records of executions other than the latest. Without it an
+    EXECUTION_START is taken as a new execution unless it repeats the latest's id: appends carry
+    host-minted ids, and a journal that starts an older execution again comes in whole (import,
+    migration), through a full fold."""
     kind = event.kind
     if p.invalid or p.unknown or kind == _LIFECYCLE:
         return p
