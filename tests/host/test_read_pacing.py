@@ -29,13 +29,14 @@ class Fakes:
     async def sleep(self, seconds: float) -> None:
         self.slept.append(round(seconds, 6))
 
-    def pacer(self, rate: int) -> ReadPacer:
+    def pacer(self, rate: int, burst_s: float = 0.0) -> ReadPacer:
         return ReadPacer(
             rate,
             lambda: self.running,
             congested=lambda: self.congested,
             clock=lambda: self.now,
             sleep=self.sleep,
+            burst_s=burst_s,
         )
 
 
@@ -67,6 +68,18 @@ async def test_no_backlog_outlives_the_congestion_and_time_passing_repays_it() -
     f.now += 10.0  # long after the last reservation
     await pacer.take(100)
     assert f.slept == [0.5]
+
+
+async def test_a_burst_passes_at_once_and_the_rate_holds_after_it() -> None:
+    f = Fakes()
+    pacer = f.pacer(1000, burst_s=0.5)
+    for _ in range(7):
+        await pacer.take(100)  # 0.7 s worth: what fits in the burst goes at once
+    assert f.slept == [0.1] and pacer.paced == 100
+    f.now += 2.0  # quiet for longer than the burst: the credit is a burst again, no more
+    for _ in range(8):
+        await pacer.take(100)
+    assert f.slept == [0.1, 0.1, 0.2]
 
 
 async def test_a_rate_of_zero_never_paces() -> None:
@@ -114,7 +127,7 @@ def fakes() -> Fakes:
 @pytest.fixture
 async def host(fakes: Fakes) -> AsyncIterator[HostUnderTest]:
     pacer = ReadPacer(
-        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep
+        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep, burst_s=0.0
     )  # counts the controller's own executions
     async with running_host(MemoryStore(), read_pacer=pacer) as h:
         yield h
@@ -152,7 +165,9 @@ async def test_a_watch_catching_up_is_paced_as_a_replay_is(host: HostUnderTest, 
 
 
 async def test_listing_is_paced_by_sessions_listed_while_an_execution_runs(fakes: Fakes) -> None:
-    pacer = ReadPacer(1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep)
+    pacer = ReadPacer(
+        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep, burst_s=0.0
+    )
     async with running_host(MemoryStore(), list_pacer=pacer) as host:
         for i in range(250):
             await host.store.create_session(SessionRow(uid=f"sess-{i:03d}", project="default"))

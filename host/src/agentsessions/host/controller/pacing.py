@@ -17,6 +17,11 @@ falls below ``RELIEVED_LAG_S``. On the benchmark machine 200 sessions turning ba
 3 ms (p50 of 100 ms windows; p10 0.3-1.5 ms), while 8 replays streaming 34,000 records/s on an
 otherwise idle host make it 0.3 ms: reading alone never counts as load. The probe runs only while
 reads ask, and stops a second after the last one.
+
+Pacing follows the generic cell rate rule with a burst of ``BURST_S``: after a quiet spell a
+second's worth goes at once (20 dashboards paging together are not queued behind one another at a
+rate they keep under: without it their ListSessions p99 went from ~100 to 164 ms), and the rate
+holds over any longer stretch.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ RELIEVED_LAG_S: Final = 0.0005
 PROBE_IDLE_S: Final = 1.0
 # Records a read asks for at once: the pacing's grain (at 2,000 records/s, 50 ms).
 CHUNK: Final = 100
+# How far ahead of the rate readers may run after a quiet spell: a second's worth passes at once,
+# so 20 dashboards paging together are not queued behind each other at a rate they stay under.
+BURST_S: Final = 1.0
 
 
 class LagProbe:
@@ -78,8 +86,9 @@ class LagProbe:
 
 class ReadPacer:
     """Paces the records reads stream while ``running()`` executions are under way and the loop
-    is congested: at most ``records_per_s`` for all readers together, in order of asking; 0 never
-    paces. The controller that is given a pacer without ``running`` counts its own executions."""
+    is congested: at most ``records_per_s`` for all readers together, in order of asking, after a
+    burst of ``burst_s`` worth; 0 never paces. The controller that is given a pacer without
+    ``running`` counts its own executions."""
 
     def __init__(
         self,
@@ -89,14 +98,16 @@ class ReadPacer:
         congested: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        burst_s: float = BURST_S,
     ) -> None:
         self.records_per_s = records_per_s
+        self.burst_s = burst_s
         self._running: Callable[[], int] = running or (lambda: 0)
         self._counted = running is not None
         self._congested = congested or LagProbe(clock=clock).congested
         self._clock = clock
         self._sleep = sleep
-        self._next = 0.0  # when the records reserved so far have all had their time
+        self._next = 0.0  # when the records let through so far have all had their time at the rate
         self.paced = 0  # records that waited for their turn (telemetry, tests)
 
     def counts(self, running: Callable[[], int]) -> None:
@@ -110,8 +121,11 @@ class ReadPacer:
             self._next = 0.0  # no backlog carried into the next congestion
             return
         now = self._clock()
+        # The generic cell rate rule: the records go at once while the rate's clock runs no more
+        # than burst_s ahead of now, else they wait until it does; either way the clock moves on.
         start = max(now, self._next)
         self._next = start + records / self.records_per_s
-        if start > now:
+        wait = start - now - self.burst_s
+        if wait > 0:
             self.paced += records
-            await self._sleep(start - now)
+            await self._sleep(wait)
