@@ -82,6 +82,19 @@ async def test_a_burst_passes_at_once_and_the_rate_holds_after_it() -> None:
     assert f.slept == [0.1, 0.1, 0.2]
 
 
+async def test_a_congestion_that_comes_and_goes_grants_no_credit_the_clock_did_not() -> None:
+    f = Fakes()
+    pacer = f.pacer(1000, burst_s=0.5)
+    for _ in range(5):
+        await pacer.take(100)  # the burst
+    f.congested = False
+    await pacer.take(100)  # relieved for a moment: unpaced
+    f.congested = True
+    await pacer.take(100)
+    await pacer.take(100)
+    assert f.slept == [0.1]  # as if it had never been relieved
+
+
 async def test_a_rate_of_zero_never_paces() -> None:
     f = Fakes()
     pacer = f.pacer(0)
