@@ -118,8 +118,8 @@ class ReadPacer:
     async def take(self, records: int) -> None:
         """Before streaming ``records`` records: wait for their share of the rate, if paced."""
         if self.records_per_s <= 0 or records <= 0 or not self._running() or not self._congested():
-            # No backlog carried into the next congestion, and no credit beyond the time that passed.
-            self._next = min(self._next, self._clock())
+            # No waiting carried into the next congestion, and no credit the clock did not grant.
+            self._next = min(self._next, self._clock() + self.burst_s)
             return
         now = self._clock()
         # The generic cell rate rule: the records go at once while the rate's clock runs no more
