@@ -68,6 +68,9 @@ class _Marker:
         self.name = name
 
 
+# Derived states a follower may see before the records that follow them (see watch()).
+_SHOWN_AHEAD: Final = frozenset({session_pb2.EXEC_PENDING, session_pb2.EXEC_RUNNING})
+
 CAUGHT_UP = _Marker("caught up")  # everything durable the follower knows of is delivered
 QUIET = _Marker("quiet")  # nothing happened for poll_s (and the store has nothing new)
 
@@ -216,10 +219,10 @@ async def watch(
             elif item is CAUGHT_UP and follow:
                 if state_dirty:
                     view = await views.at_least(uid, seen)
-                    # A view derived past the records delivered so far waits for them: a follower
-                    # never sees a state (COMPLETED) before the records that made it (the OUTPUT);
-                    # a state the session passed through meanwhile is not shown.
-                    if view.row.last_seq <= seen:
+                    # A view derived past the records delivered so far shows a turn running as it
+                    # is; a settled or parked one waits for those records, so a follower never sees
+                    # COMPLETED before the OUTPUT and END that made it.
+                    if view.row.last_seq <= seen or view.exec_state in _SHOWN_AHEAD:
                         state_dirty = False
                         if _state(view) != shown:
                             shown = _state(view)
