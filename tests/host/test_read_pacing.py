@@ -29,10 +29,11 @@ class Fakes:
     async def sleep(self, seconds: float) -> None:
         self.slept.append(round(seconds, 6))
 
-    def pacer(self, rate: int, burst_s: float = 0.0) -> ReadPacer:
+    def pacer(self, rate: int, burst_s: float = 0.0, *, counted_here: bool = True) -> ReadPacer:
+        """With ``counted_here`` False the controller given the pacer counts its executions."""
         return ReadPacer(
             rate,
-            lambda: self.running,
+            (lambda: self.running) if counted_here else None,
             congested=lambda: self.congested,
             clock=lambda: self.now,
             sleep=self.sleep,
@@ -139,10 +140,7 @@ def fakes() -> Fakes:
 
 @pytest.fixture
 async def host(fakes: Fakes) -> AsyncIterator[HostUnderTest]:
-    pacer = ReadPacer(
-        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep, burst_s=0.0
-    )  # counts the controller's own executions
-    async with running_host(MemoryStore(), read_pacer=pacer) as h:
+    async with running_host(MemoryStore(), read_pacer=fakes.pacer(1000, counted_here=False)) as h:
         yield h
 
 
@@ -178,10 +176,7 @@ async def test_a_watch_catching_up_is_paced_as_a_replay_is(host: HostUnderTest, 
 
 
 async def test_listing_is_paced_by_sessions_listed_while_an_execution_runs(fakes: Fakes) -> None:
-    pacer = ReadPacer(
-        1000, congested=lambda: fakes.congested, clock=lambda: fakes.now, sleep=fakes.sleep, burst_s=0.0
-    )
-    async with running_host(MemoryStore(), list_pacer=pacer) as host:
+    async with running_host(MemoryStore(), list_pacer=fakes.pacer(1000, counted_here=False)) as host:
         for i in range(250):
             await host.store.create_session(SessionRow(uid=f"sess-{i:03d}", project="default"))
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, TypeVar
+
+_T = TypeVar("_T")
 
 PROBE_S: Final = 0.010
 PROBES: Final = 10
@@ -130,3 +132,11 @@ class ReadPacer:
         if wait > 0:
             self.paced += records
             await self._sleep(wait)
+
+    async def stream(self, items: Sequence[_T]) -> AsyncIterator[_T]:
+        """``items`` one by one, each ``CHUNK`` of them after its ``take``."""
+        for at in range(0, len(items), CHUNK):
+            chunk = items[at : at + CHUNK]
+            await self.take(len(chunk))
+            for item in chunk:
+                yield item

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import compaction, pacing, results, sessions
+from agentsessions.host.controller import compaction, results, sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.reconstruct import reconstruct
@@ -45,11 +45,8 @@ async def records(
     while seq <= last:
         upper = min(seq + RECORDS_PAGE - 1, last)
         page = await core.store.read(uid, seq, upper)
-        for at in range(0, len(page), pacing.CHUNK):
-            chunk = page[at : at + pacing.CHUNK]
-            await core.reads.take(len(chunk))  # yields to turns under load (pacing.py)
-            for rec in chunk:
-                yield rec
+        async for rec in core.reads.stream(page):  # yields to turns under load (pacing.py)
+            yield rec
         if len(page) < upper - seq + 1:
             return
         seq = upper + 1

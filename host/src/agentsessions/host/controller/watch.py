@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import pacing, sessions
+from agentsessions.host.controller import sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ExecutionCancelled, HarnessRunError
 from agentsessions.host.controller.executions import latest_execution
@@ -118,11 +118,9 @@ async def _pages(core: Core, uid: str, next_seq: int) -> AsyncIterator[common_pb
     """The stored records from ``next_seq`` on, a page at a time."""
     while True:
         page = await core.store.read(uid, next_seq, next_seq + PAGE - 1)
-        for i, record in enumerate(page):
+        async for record in core.reads.stream(page):  # yields to turns under load (pacing.py)
             if record.seq != next_seq:
                 return  # a gap (a purge moved the journal): read again from here next time
-            if i % pacing.CHUNK == 0:
-                await core.reads.take(min(pacing.CHUNK, len(page) - i))  # yields to turns under load
             yield record
             next_seq += 1
         if len(page) < PAGE:

@@ -553,16 +553,12 @@ class _WriteLockHeld(Exception):
 
 
 def _transact(
-    db: sqlite3.Connection,
-    dialect: _SqliteDialect,
-    body: Callable[[_Transaction], Any],
-    *,
-    lock_now: int | None = None,
+    db: sqlite3.Connection, dialect: _SqliteDialect, body: Callable[[_Transaction], Any], *, wait: bool = True
 ) -> Any:
-    """On the writer's thread: BEGIN IMMEDIATE, the body, COMMIT (rolled back if any of it fails).
-    With ``lock_now`` (run on the event loop) the write lock is taken only if it is free at once
-    (else _WriteLockHeld, nothing done); ``lock_now`` is the busy timeout to restore after."""
-    if lock_now is None:
+    """BEGIN IMMEDIATE, the body, COMMIT (rolled back if any of it fails). Without ``wait`` (run on
+    the event loop) the write lock is taken only if it is free at once, else _WriteLockHeld and
+    nothing is done."""
+    if wait:
         db.execute("BEGIN IMMEDIATE")
     else:
         db.execute("PRAGMA busy_timeout = 0")
@@ -573,7 +569,7 @@ def _transact(
                 raise _WriteLockHeld from exc
             raise
         finally:
-            db.execute(f"PRAGMA busy_timeout = {int(lock_now)}")
+            db.execute(f"PRAGMA busy_timeout = {int(dialect.writer.busy_timeout_ms)}")
     try:
         result = run_without_suspending(body(_Transaction(dialect, db)))
         db.execute("COMMIT")
@@ -700,7 +696,7 @@ class _SqliteDialect:
         writer = self.writer
         if writer.db is not None and writer.here():
             try:
-                inline: _T = _transact(writer.db, self, body, lock_now=writer.busy_timeout_ms)
+                inline: _T = _transact(writer.db, self, body, wait=False)
                 writer.inline_jobs += 1
                 return inline
             except _WriteLockHeld:
