@@ -591,6 +591,30 @@ async def test_cancel_cuts_a_harness_that_ignores_it() -> None:
         assert not await remote.cancel(EXECUTION, "again")
 
 
+async def test_a_cancel_before_the_stream_opens_ends_the_run_and_opens_nothing() -> None:
+    """The execution is registered as soon as ``run`` is called, before its stream task takes a
+    step: a cancel then has no stream to write to (it once failed on an assertion, and the turn ran
+    on as if nobody had asked)."""
+
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        yield end("COMPLETED")
+
+    raw = RawHarness(script)
+    env = environment()
+    async with linked(raw) as remote:
+        start, sink = await begin(env)
+        running = asyncio.create_task(remote.run(start, sink))
+        # One step of the loop: ``run`` registers the execution and creates its stream's task, which
+        # has not run yet (asyncio steps ready tasks in order).
+        await asyncio.sleep(0)
+        assert await remote.cancel(EXECUTION, "stop at once")
+        with pytest.raises(ExecutionCancelledError, match="stop at once"):
+            await running
+        assert not await remote.cancel(EXECUTION, "again")
+    assert raw.peers == []
+
+
 @pytest.mark.parametrize(
     "address",
     [

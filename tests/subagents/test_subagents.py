@@ -20,7 +20,8 @@ from google.protobuf import struct_pb2
 from grpc import aio
 
 from agentsessions.ext.v1 import live_pb2, subagents_pb2, subagents_pb2_grpc
-from agentsessions.host.controller import cancel
+from agentsessions.host.callcontext import CallContext
+from agentsessions.host.controller import cancel, subagents
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.controller.subagents import HOST_ACTOR, SubagentSettings, child_uid
 from agentsessions.host.journal import open_store
@@ -638,3 +639,36 @@ async def test_the_scan_cancels_the_children_of_an_ended_turn_and_theirs_and_lea
         assert [e.event.end.state for e in ends(records)] == ["COMPLETED"]
         assert output(records) == "ok kept"
         assert host.harness.runs == ["hold me", "keep me"]
+
+
+async def test_a_child_the_scan_could_not_cancel_is_tried_again_at_the_next_scan(
+    store: JournalStore, endpoint: ScriptedEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A surprise while cancelling one orphaned child neither stops the scan nor waits for the next
+    full one (a minute of scans): the child is looked at again by the next scan."""
+    endpoint.script(Reply.completion("", tool_calls=[task("slow", prompt="hold me", harness="gated")]))
+    monkeypatch.setattr(subagents, "ADOPT_EVERY", 10**9)  # only the start-up scan reads every row
+    async with world(store, endpoint, settings()) as host:
+        live = host.controller.live
+        assert live is not None
+        uid, updates = await delegate(host)
+        assert await host.harness.next_started() == "hold me"
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "slow")
+        await live.subagents.close()
+        await cancel.cancel(live.core, live.settings.host_call, uid, "", "stopped by its owner")
+
+        cascade = live.submitter.cancel_child
+        assert cascade is not None
+        calls: list[str] = []
+
+        async def first_fails(child: str, reason: str, call: CallContext) -> None:
+            calls.append(child)
+            if len(calls) == 1:
+                raise RuntimeError("a surprise")
+            await cascade(child, reason, call)
+
+        live.submitter.cancel_child = first_fails
+        await live.subagents.start()
+        (end,) = ends(await settled(host, child))
+        assert end.event.end.state == "CANCELED"
+        assert calls == [child, child]

@@ -215,7 +215,19 @@ async def test_a_hung_executor_times_out_into_an_error_receipt() -> None:
     result = await registry.execute(SESSION, tool_call("hang"))
     assert result.is_error
     assert result.code == common_pb2.ToolResult.EXECUTOR_ERROR
-    assert "timed out" in result.error
+    assert result.error == "tool 'hang' timed out after 0.05s"
+
+
+async def test_a_timeout_the_tool_raises_itself_is_its_failure_not_the_hosts_limit() -> None:
+    def gives_up(args: dict[str, Any], context: ToolContext) -> None:
+        raise TimeoutError("the upstream API did not answer in 2 s")
+
+    registry = ToolRegistry(
+        DictReceiptStore(), [PythonCallableExecutor([CallableTool("upstream", gives_up)])], timeout_s=300
+    )
+    result = await registry.execute(SESSION, tool_call("upstream"))
+    assert result.is_error
+    assert result.error == "TimeoutError: the upstream API did not answer in 2 s"
 
 
 async def test_tool_reported_errors_get_the_executor_error_code_and_no_approval_fields() -> None:

@@ -378,13 +378,18 @@ class _Bridge:
         task = self._task
         if task is None or task.done():
             return
+        if self._call is None:
+            # The stream is not open yet (the bridge's task has not taken its first step): there is
+            # nobody to tell, and cancelling the task means it never opens.
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
+            return
         with contextlib.suppress(*_LINK_FAILURES, TimeoutError):
             async with asyncio.timeout(grace):
                 await self._send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason=reason)))
         await asyncio.wait({task}, timeout=grace)
         if not task.done():
-            if self._call is not None:
-                self._call.cancel()
+            self._call.cancel()
             task.cancel()
             await asyncio.wait({task}, timeout=grace)
 

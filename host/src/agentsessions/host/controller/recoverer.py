@@ -34,7 +34,11 @@ from agentsessions.host.controller import approvals, recovery, sessions
 from agentsessions.host.controller.admission import busy_elsewhere
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.drive import cancelled
-from agentsessions.host.controller.errors import ControllerError, InvalidExecutionLogError
+from agentsessions.host.controller.errors import (
+    ControllerError,
+    ExecutionCancelled,
+    InvalidExecutionLogError,
+)
 from agentsessions.host.controller.executions import Execution, latest_execution, recorded_effects
 from agentsessions.host.controller.leases import LeaseKeeper
 from agentsessions.host.controller.state import Gate, open_gate
@@ -249,6 +253,9 @@ class Recoverer:
                 await self._recover(lease)
         except asyncio.CancelledError:
             raise
+        except ExecutionCancelled:  # a Cancel (a parent's cascade, say) ended it CANCELED: not a failure
+            what = logs.fields(session=uid, execution_id=execution_id, outcome="cancelled")
+            log.info("execution recovered", extra=what)
         except (ControllerError, StoreError) as exc:
             what = logs.fields(session=uid, execution_id=execution_id, error=type(exc).__name__)
             log.info("recovery attempt failed", extra=what)

@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -243,6 +243,7 @@ class Subagents:
         self.host = host  # children are made with the host's authority (the parent's caller was checked)
         self._on_decided = on_decided  # the recoverer continues a decided parent
         self._waiting: set[str] = set()  # parents this host knows wait (found again by the scan)
+        self._again: set[str] = set()  # children the last scan could not deal with: the next one tries
         self._task: asyncio.Task[None] | None = None
         self._looking: set[asyncio.Task[None]] = set()
         self._kick = asyncio.Event()
@@ -259,36 +260,48 @@ class Subagents:
         await cancelled((self._task, *self._looking))
         self._task = None
 
-    async def _adopt(self) -> None:
+    async def _adopt(self, uids: Iterable[str] | None = None) -> None:
+        """Look at children by their rows (``uids``; None: every session): cancel those of an ended
+        turn, start those a waiting turn planned and nobody started. A child that cannot be dealt
+        with now is looked at again at the next scan, not only at the next full one."""
         store = self.core.store
-        for uid in await store.session_uids():
-            row = await store.get_session(uid)
-            link = link_of(row) if row is not None else None
-            if link is None:
-                continue
-            parent = await store.get_session(link.parent)
-            if parent is None:
-                continue
-            events, executions = await sessions.read(self.core, parent)
-            ex = next((e for e in executions if e.id == link.execution_id), None)
-            if ex is None:
-                continue
-            if ex.completed:
-                try:
-                    await self._orphaned(link, events, ex)
-                except (StoreError, ControllerError) as exc:  # the next scan tries again
-                    what = logs.fields(session=uid, parent=link.parent, error=type(exc).__name__)
-                    log.warning("subagent of an ended turn not cancelled yet", extra=what)
-                continue
-            planned = {p.call_id: p for p in planned_calls(events, ex)}
-            wanted = planned.get(link.tool_call_id)
-            if wanted is not None and wanted.args is not None:
-                try:
-                    await self._start_child(parent, ex, wanted.call_id, wanted.args)
-                except ControllerError as exc:  # its harness away, say: the next scan tries again
-                    log.info("subagent not started yet", extra=logs.fields(session=uid, error=str(exc)))
-            self._waiting.add(parent.uid)
+        for uid in await store.session_uids() if uids is None else list(uids):
+            retried = uid in self._again
+            self._again.discard(uid)
+            try:
+                await self._adopt_one(uid)
+            except (StoreError, ControllerError) as exc:
+                self._again.add(uid)
+                if not retried:  # said once; the scans that try again say nothing new
+                    what = logs.fields(session=uid, error=str(exc))
+                    log.warning("subagent not dealt with yet", extra=what)
+            except Exception:  # one child's surprise must not stop the scan of the others; it is logged
+                self._again.add(uid)
+                if not retried:
+                    log.exception("subagent scan of a child failed", extra=logs.fields(session=uid))
         self._kick.set()
+
+    async def _adopt_one(self, uid: str) -> None:
+        store = self.core.store
+        row = await store.get_session(uid)
+        link = link_of(row) if row is not None else None
+        if link is None:
+            return
+        parent = await store.get_session(link.parent)
+        if parent is None:
+            return
+        events, executions = await sessions.read(self.core, parent)
+        ex = next((e for e in executions if e.id == link.execution_id), None)
+        if ex is None:
+            return
+        if ex.completed:
+            await self._orphaned(link, events, ex)
+            return
+        planned = {p.call_id: p for p in planned_calls(events, ex)}
+        wanted = planned.get(link.tool_call_id)
+        self._waiting.add(parent.uid)
+        if wanted is not None and wanted.args is not None:
+            await self._start_child(parent, ex, wanted.call_id, wanted.args)
 
     async def _orphaned(self, link: Link, events: list[common_pb2.Event], ex: Execution) -> None:
         """The parent's turn that started the child has ended (cancelled, interrupted, or done
@@ -320,13 +333,10 @@ class Subagents:
     async def _keep(self) -> None:
         scans = 0
         while True:
-            if scans % ADOPT_EVERY == 0:
-                try:
-                    await self._adopt()
-                except (StoreError, ControllerError) as exc:
-                    log.warning(
-                        "subagent scan of children failed", extra=logs.fields(error=type(exc).__name__)
-                    )
+            try:
+                await self._adopt(None if scans % ADOPT_EVERY == 0 else sorted(self._again))
+            except (StoreError, ControllerError) as exc:
+                log.warning("subagent scan of children failed", extra=logs.fields(error=type(exc).__name__))
             scans += 1
             self._kick.clear()
             for uid in sorted(self._waiting):

@@ -276,12 +276,14 @@ class ToolRegistry:
     async def _run(
         self, executor: ToolExecutor, session_uid: str, call: common_pb2.ToolCall
     ) -> common_pb2.ToolResult:
+        limit = asyncio.timeout(self._timeout_s)
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with limit:
                 return await executor.execute(session_uid, call)
-        except TimeoutError:
-            log.warning("tool %s timed out after %ss", call.tool, self._timeout_s)
-            return error_result(call, f"tool {call.tool!r} timed out after {self._timeout_s:g}s")
         except Exception as exc:
+            # A TimeoutError is the host's limit only when that limit expired: a tool may raise its own.
+            if isinstance(exc, TimeoutError) and limit.expired():
+                log.warning("tool %s timed out after %ss", call.tool, self._timeout_s)
+                return error_result(call, f"tool {call.tool!r} timed out after {self._timeout_s:g}s")
             log.warning("tool %s failed: %s", call.tool, type(exc).__name__)
             return error_result(call, _describe_failure(exc))
