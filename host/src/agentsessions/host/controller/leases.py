@@ -178,7 +178,10 @@ class LeaseKeeper:
         period = max(0.05, self.settings.ttl_s / 3)
         while True:
             self._wake.clear()
-            await self.renew()
+            try:
+                await self.renew()
+            except Exception:  # a lease not renewed is taken over elsewhere: renewal must go on
+                log.exception("lease renewal failed")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(period):
                     await self._wake.wait()

@@ -218,6 +218,8 @@ class Recoverer:
                 await self.scan()
             except (StoreError, ControllerError) as exc:
                 log.warning("recovery scan failed", extra=logs.fields(error=type(exc).__name__))
+            except Exception:  # recovery must outlive one scan's surprise; it is logged
+                log.exception("recovery scan failed")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.scan_s):
                     await self._wake.wait()
