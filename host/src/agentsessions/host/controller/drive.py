@@ -64,8 +64,9 @@ class RunningTurn:
             canceller = getattr(self.harness, "cancel", None)
             if canceller is None or not await canceller(self.execution_id, reason):
                 self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(asyncio.shield(settled(self.task)), grace_s)
+        if self.task is not asyncio.current_task():
+            # Bounded; the task reports its own outcome, and a cancel of this waiter propagates.
+            await asyncio.wait({self.task}, timeout=grace_s)
 
 
 class RunningTurns:
@@ -204,9 +205,13 @@ class Driver:
 
 
 async def settled(task: asyncio.Task[Any]) -> None:
-    """Wait for ``task`` to end, whatever it ends with."""
-    with contextlib.suppress(BaseException):
-        await task
+    """Wait for ``task`` to end, whatever it ends with (its outcome is seen, not raised). A cancel of
+    the waiter itself is raised: a part that is stopping while it waits here stops (swallowing it
+    left a background loop running that its owner's close then waited for forever)."""
+    if not task.done():
+        await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: nothing logs it as never seen
 
 
 async def cancelled(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
