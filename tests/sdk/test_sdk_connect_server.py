@@ -649,8 +649,10 @@ async def test_a_hooked_run_that_does_not_end_is_cancelled(ends_by_itself: bool)
     cancelled = asyncio.Event()
 
     async def script(start: Start, sink: EventSink) -> None:
-        await sink.output("working")
         try:
+            # The host may read the OUTPUT before this write's completion is seen here: a cancel
+            # arriving then lands in the write, which is inside the try too.
+            await sink.output("working")
             await asyncio.Event().wait()  # never set: the grace timer or the hook's False ends this
         except asyncio.CancelledError:
             cancelled.set()
@@ -723,8 +725,8 @@ async def test_without_a_hook_a_busy_run_ends_when_the_host_cuts_the_stream() ->
     cancelled = asyncio.Event()
 
     async def script(start: Start, sink: EventSink) -> None:
-        await sink.output("working")
         try:
+            await sink.output("working")  # inside the try: see the test above
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             cancelled.set()
