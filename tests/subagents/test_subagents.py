@@ -672,3 +672,35 @@ async def test_a_child_the_scan_could_not_cancel_is_tried_again_at_the_next_scan
         (end,) = ends(await settled(host, child))
         assert end.event.end.state == "CANCELED"
         assert calls == [child, child]
+
+
+async def test_a_child_whose_wait_timed_out_is_cancelled_with_its_own_children(
+    store: JournalStore, endpoint: ScriptedEndpoint
+) -> None:
+    endpoint.script(
+        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
+        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
+    )
+    async with world(store, endpoint, settings(max_depth=2)) as host:
+        live = host.controller.live
+        assert live is not None
+        uid, updates = await delegate(host)
+        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
+        assert await host.harness.next_started() == "hold me"  # the grandchild runs, held by the test
+        waiting = await host.wait_for(child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "its wait")
+        grandchild = child_uid(child, execution_of(waiting), "g")
+        # The parent's wait expires (looked at by hand, the scan stopped): its child is cancelled,
+        # and the child's own child with it.
+        await live.subagents.close()
+        live.subagents.settings = dataclasses.replace(live.subagents.settings, wait_timeout_s=0.0)
+        assert await live.subagents.wake(uid)
+        (end,) = ends(await host.records(child))
+        assert (end.event.end.state, end.event.end.error.description) == (
+            "CANCELED",
+            "its wait timed out after 0 s",
+        )
+        (end,) = ends(await settled(host, grandchild))
+        assert (end.event.end.state, end.event.end.error.description) == (
+            "CANCELED",
+            f"its parent session {child} was cancelled",
+        )

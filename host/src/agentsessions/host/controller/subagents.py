@@ -324,11 +324,7 @@ class Subagents:
         log.info(
             "subagent of an ended turn cancelled", extra=logs.fields(session=link.child, parent=link.parent)
         )
-        cascade = self.submitter.cancel_child
-        if cascade is not None:
-            await cascade(link.child, reason, self.host)
-        else:
-            await self._cancel_child(link.child, reason)
+        await self._cancel_child(link.child, reason)
 
     async def _keep(self) -> None:
         scans = 0
@@ -622,8 +618,13 @@ class Subagents:
             fence = await core.writer.mint(uid, head)
             await core.writer.append(uid, decisions, head, fence)
         self._waiting.discard(uid)
+        why = f"its wait timed out after {self.settings.wait_timeout_s:g} s"
         for child in expired:
-            await self._cancel_child(child, f"its wait timed out after {self.settings.wait_timeout_s:g} s")
+            try:
+                await self._cancel_child(child, why)
+            except (StoreError, ControllerError) as exc:  # decided all the same: the parent goes on
+                what = logs.fields(session=child, parent=uid, error=type(exc).__name__)
+                log.warning("subagent whose wait timed out not cancelled", extra=what)
         log.info("subagent parent decided", extra=logs.fields(session=uid, execution_id=ex.id))
         self._on_decided()
         return True
@@ -711,6 +712,12 @@ class Subagents:
         return found
 
     async def _cancel_child(self, uid: str, reason: str) -> None:
+        """Cancel a child as Cancel does, with its own children in turn (and its turn on another
+        host through its lease); without the live parts, this host's turn of it only."""
+        cascade = self.submitter.cancel_child
+        if cascade is not None:
+            await cascade(uid, reason, self.host)
+            return
         with contextlib.suppress(ControllerError, StoreError):
             await cancel.cancel(self.core, self.host, uid, "", reason)
 
