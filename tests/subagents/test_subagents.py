@@ -111,6 +111,25 @@ def execution_of(records: list[common_pb2.LogRecord]) -> str:
     return start.event.execution_id
 
 
+def delegating_twice() -> tuple[Reply, Reply]:
+    """The model's replies of a parent whose task call "c" runs on the delegating harness, and of
+    that child, whose call "g" runs "hold me" on the gated harness (held by the test)."""
+    return (
+        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
+        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
+    )
+
+
+async def delegated_twice(host: LiveHost) -> tuple[str, str, str]:
+    """Delegate as :func:`delegating_twice` scripts it: the parent, the child and the grandchild,
+    once the grandchild runs and the child waits for it."""
+    uid, updates = await delegate(host)
+    child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
+    assert await host.harness.next_started() == "hold me"
+    waiting = await host.wait_for(child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "the child's wait")
+    return uid, child, child_uid(child, execution_of(waiting), "g")
+
+
 async def test_a_parent_delegating_to_two_children_in_parallel_completes_after_both(
     host: LiveHost, endpoint: ScriptedEndpoint
 ) -> None:
@@ -592,21 +611,14 @@ async def test_the_scan_cancels_the_children_of_an_ended_turn_and_theirs_and_lea
     store: JournalStore, endpoint: ScriptedEndpoint
 ) -> None:
     endpoint.script(
-        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
-        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
+        *delegating_twice(),
         Reply.completion("", tool_calls=[task("k", prompt="keep me", harness="gated")]),
         Reply.completion("kept"),
     )
     async with world(store, endpoint, settings(max_depth=2)) as host:
         live = host.controller.live
         assert live is not None
-        uid, updates = await delegate(host)
-        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
-        assert await host.harness.next_started() == "hold me"  # the grandchild runs, held by the test
-        waiting = await host.wait_for(
-            child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "the child's wait"
-        )
-        grandchild = child_uid(child, execution_of(waiting), "g")
+        uid, child, grandchild = await delegated_twice(host)
         other, other_updates = await delegate(host, "another split")  # a parent that still waits
         kept = child_uid(other, other_updates[-1].session.pending_approval.execution_id, "k")
         assert await host.harness.next_started() == "keep me"
@@ -677,18 +689,11 @@ async def test_a_child_the_scan_could_not_cancel_is_tried_again_at_the_next_scan
 async def test_a_child_whose_wait_timed_out_is_cancelled_with_its_own_children(
     store: JournalStore, endpoint: ScriptedEndpoint
 ) -> None:
-    endpoint.script(
-        Reply.completion("", tool_calls=[task("c", prompt="delegate further", harness="delegator")]),
-        Reply.completion("", tool_calls=[task("g", prompt="hold me", harness="gated")]),
-    )
+    endpoint.script(*delegating_twice())
     async with world(store, endpoint, settings(max_depth=2)) as host:
         live = host.controller.live
         assert live is not None
-        uid, updates = await delegate(host)
-        child = child_uid(uid, updates[-1].session.pending_approval.execution_id, "c")
-        assert await host.harness.next_started() == "hold me"  # the grandchild runs, held by the test
-        waiting = await host.wait_for(child, lambda rs: of_kind(rs, K.EVENT_APPROVAL_REQUEST), "its wait")
-        grandchild = child_uid(child, execution_of(waiting), "g")
+        uid, child, grandchild = await delegated_twice(host)
         # The parent's wait expires (looked at by hand, the scan stopped): its child is cancelled,
         # and the child's own child with it.
         await live.subagents.close()
