@@ -133,6 +133,37 @@ async def test_registry_validation(host: HostUnderTest) -> None:
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_what_a_client_may_send_gets_a_precise_status_never_unknown(host: HostUnderTest) -> None:
+    """A port of digits that are not ASCII (``str.isdigit`` holds, ``int`` refuses), and names a
+    store would refuse (PostgreSQL: NUL in text), answered UNKNOWN or INTERNAL before."""
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.registry.RegisterHarness(
+            hr.RegisterHarnessRequest(name="ok", spec=spec("127.0.0.1:\u00b2"))
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "spec.remote.address" in (err.value.details() or "")
+    for name, rule in (("a\x00b", "control characters"), ("x" * 254, "at most 253")):
+        for call in (
+            host.registry.GetHarness(hr.GetHarnessRequest(name=name)),
+            host.registry.RetireHarness(hr.RetireHarnessRequest(name=name)),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"name: must {'not contain' if 'control' in rule else 'be'} {rule}" in (
+                err.value.details() or ""
+            )
+
+
+async def test_a_failing_store_answers_with_its_status_not_unknown(
+    host: HostUnderTest, store: JournalStore
+) -> None:
+    await store.close()  # every read now fails below the registry
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await host.registry.GetHarness(hr.GetHarnessRequest(name="missing"))
+    assert err.value.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.NOT_FOUND), err.value
+
+
 async def test_list_harnesses_in_name_order_with_paging(host: HostUnderTest) -> None:
     for name in ("zeta", "alpha", "mid"):
         await host.registry.RegisterHarness(hr.RegisterHarnessRequest(name=name, spec=spec("127.0.0.1:9")))

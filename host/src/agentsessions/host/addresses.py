@@ -71,7 +71,8 @@ def split_host_port(address: str) -> tuple[str, str]:
 
 def check_port(port: str, *, allow_zero: bool = False) -> None:
     lowest = 0 if allow_zero else 1
-    if not port.isdigit() or not lowest <= int(port) <= 65535:
+    # isascii: str.isdigit() also holds for digits int() refuses (superscripts, say).
+    if not (port.isascii() and port.isdigit()) or not lowest <= int(port) <= 65535:
         raise AddressError(f"port {port!r} must be {lowest}..65535")
 
 

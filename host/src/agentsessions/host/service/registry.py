@@ -7,9 +7,11 @@ and ``--harness`` entries) are listed beside registered ones but cannot be chang
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import time
-from typing import NoReturn
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
 
 import grpc
 from grpc import aio
@@ -18,6 +20,7 @@ from agentsessions.host.addresses import AddressError, check_harness_address
 from agentsessions.host.controller.errors import ControllerError
 from agentsessions.host.controller.harnesses import HarnessCatalog, describe
 from agentsessions.host.journal import canon, clamp_page_size
+from agentsessions.host.service.status import status_of
 from agentsessions.v1 import harness_registry_pb2 as hr
 from agentsessions.v1 import harness_registry_pb2_grpc
 
@@ -28,6 +31,39 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 async def _abort(context: aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
     await context.abort(code, message)
     raise AssertionError("context.abort returned")
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def _mapped(
+    method: Callable[[HarnessRegistryServicer, Req, aio.ServicerContext], Awaitable[Resp]],
+) -> Callable[[HarnessRegistryServicer, Req, aio.ServicerContext], Awaitable[Resp]]:
+    """A handler whose errors from below (the store, say) answer with their status, never UNKNOWN."""
+
+    @functools.wraps(method)
+    async def handler(self: HarnessRegistryServicer, request: Req, context: aio.ServicerContext) -> Resp:
+        try:
+            return await method(self, request, context)
+        except aio.AbortError:
+            raise
+        except Exception as exc:
+            code, message = status_of(exc)
+            await _abort(context, code, message)
+
+    return handler
+
+
+async def _check_name(context: aio.ServicerContext, name: str) -> None:
+    """A name to look up: required, and no text a store would refuse (any name that passes and is
+    not registered is NOT_FOUND)."""
+    if not name:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: is required")
+    if len(name) > 253:
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: must be at most 253 characters")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: must not contain control characters")
 
 
 class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer):
@@ -44,6 +80,7 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
         reg.spec_digest = canon.spec_digest(reg.spec)
         return reg
 
+    @_mapped
     async def RegisterHarness(
         self, request: hr.RegisterHarnessRequest, context: aio.ServicerContext
     ) -> hr.RegisterHarnessResponse:
@@ -111,11 +148,11 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
             await _abort(context, grpc.StatusCode.NOT_FOUND, f"harness {name!r} is not registered")
         return reg
 
+    @_mapped
     async def GetHarness(
         self, request: hr.GetHarnessRequest, context: aio.ServicerContext
     ) -> hr.HarnessRegistration:
-        if not request.name:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: is required")
+        await _check_name(context, request.name)
         reg = await self._lookup(request.name, context)
         if request.observe:
             try:
@@ -125,6 +162,7 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
                 reg.observe_error = str(exc)
         return reg
 
+    @_mapped
     async def ListHarnesses(
         self, request: hr.ListHarnessesRequest, context: aio.ServicerContext
     ) -> hr.ListHarnessesResponse:
@@ -163,11 +201,11 @@ class HarnessRegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer)
             token = base64.urlsafe_b64encode(page[-1].encode()).decode().rstrip("=")
         return hr.ListHarnessesResponse(harnesses=[entries[n] for n in page], next_page_token=token)
 
+    @_mapped
     async def RetireHarness(
         self, request: hr.RetireHarnessRequest, context: aio.ServicerContext
     ) -> hr.HarnessRegistration:
-        if not request.name:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: is required")
+        await _check_name(context, request.name)
         if self.catalog.is_static(request.name):
             await _abort(
                 context,
