@@ -122,6 +122,16 @@ async def test_refusals_name_the_field_and_match_grpc() -> None:
         status, code, message = refusal(not_json)
         assert (status, code) == (400, "INVALID_ARGUMENT") and message.startswith("request body: not JSON")
 
+        for body, content_type, start in (
+            (b'{"session": "\xff"}', "application/json", "request body: not utf-8"),
+            (b"{}", "application/json; charset=bogus", "Content-Type: unknown charset 'bogus'"),
+            (b"[" * 100_000 + b"]" * 100_000, "application/json", "request body: JSON nested too deeply"),
+            (b'{"session": ' * 120 + b"{}" + b"}" * 120, "application/json", "request body:"),
+        ):
+            bad = await post(f"{API}/sessions", content=body, headers={"Content-Type": content_type})
+            status, code, message = refusal(bad)
+            assert (status, code) == (400, "INVALID_ARGUMENT") and message.startswith(start), message
+
         unknown = await post(f"{API}/sessions", json={"session": {"bogus": 1}})
         status, code, message = refusal(unknown)
         assert (status, code) == (400, "INVALID_ARGUMENT") and '"bogus"' in message

@@ -67,19 +67,28 @@ async def body_message(request: web.Request, message: M) -> M:
             f"Content-Type: must be application/json, got {request.content_type!r}",
             status=415,
         )
-    text = await request.text() if request.body_exists else ""
+    try:
+        text = await request.text() if request.body_exists else ""
+    except UnicodeDecodeError as exc:
+        raise HttpError(_INVALID, f"request body: not {exc.encoding}: {exc.reason}") from None
+    except LookupError:
+        raise HttpError(_INVALID, f"Content-Type: unknown charset {request.charset!r}") from None
     if not text.strip():
         return message
     try:
         parsed = json.loads(text)
     except ValueError as exc:
         raise HttpError(_INVALID, f"request body: not JSON: {exc}") from None
+    except RecursionError:
+        raise HttpError(_INVALID, "request body: JSON nested too deeply") from None
     if not isinstance(parsed, dict):
         raise HttpError(_INVALID, f"request body: must be a JSON object ({type(message).__name__})")
     try:
         json_format.ParseDict(parsed, message)
     except json_format.ParseError as exc:
         raise HttpError(_INVALID, f"request body: {exc}") from None
+    except RecursionError:
+        raise HttpError(_INVALID, "request body: nested too deeply for the message") from None
     return message
 
 
