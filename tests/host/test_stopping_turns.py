@@ -76,3 +76,19 @@ async def test_settled_sees_a_failure_without_raising_it_and_passes_a_cancel_of_
     assert not never.done()  # the waiter's cancel is not passed on to the task waited for
     await cancelled([never])
     assert never.cancelled()
+
+
+class FailingCancel(Unheeding):
+    """A harness whose own cancel fails."""
+
+    async def cancel(self, execution_id: str, reason: str) -> bool:
+        raise RuntimeError("the harness's cancel broke")
+
+
+async def test_a_harness_cancel_that_fails_cuts_the_turn_instead() -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+    release.set()
+    turn_task = asyncio.create_task(stubborn(entered, release))
+    await entered.wait()
+    await RunningTurn("ex-1", turn_task, FailingCancel()).stop("stop", grace_s=3600)  # type: ignore[arg-type]
+    assert turn_task.cancelled()

@@ -124,7 +124,8 @@ class DetachedRun:
     async def run(self, core: Core, call: CallContext, p: ExecParams) -> None:
         try:
             async with turns.admit(core, call, p) as turn:
-                self.admitted.set_result(turn.view)
+                if not self.admitted.done():  # a caller that left during the admission cancelled it
+                    self.admitted.set_result(turn.view)
                 async for update in turn.run():
                     if isinstance(update, common_pb2.LogRecord) and not self.started.done():
                         self.started.set_result(update)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from agentsessions.host import logs
 from agentsessions.host.controller import compute
 from agentsessions.host.controller.errors import (
     ConcurrencyError,
@@ -40,6 +42,8 @@ from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledErro
 from agentsessions.sdk.harness import Harness, Start
 from agentsessions.v1 import common_pb2
 
+log = logging.getLogger("agentsessions.controller")
+
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 K = common_pb2
 LK = common_pb2.Lifecycle
@@ -62,7 +66,13 @@ class RunningTurn:
         if self.cancel_reason is None:
             self.cancel_reason = reason
             canceller = getattr(self.harness, "cancel", None)
-            if canceller is None or not await canceller(self.execution_id, reason):
+            asked = False
+            if canceller is not None:
+                try:
+                    asked = await canceller(self.execution_id, reason)
+                except Exception:  # a harness's own cancel that fails: its task is cut instead
+                    log.exception("harness cancel failed", extra=logs.fields(execution_id=self.execution_id))
+            if not asked:
                 self.task.cancel()
         if self.task is not asyncio.current_task():
             # Bounded; the task reports its own outcome, and a cancel of this waiter propagates.

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from agentsessions.host import logs
 from agentsessions.host.callcontext import CallContext
@@ -269,8 +269,11 @@ class Subagents:
             retried = uid in self._again
             self._again.discard(uid)
             try:
-                await self._adopt_one(uid)
-            except (StoreError, ControllerError) as exc:
+                try:
+                    await self._adopt_one(uid)
+                except asyncio.CancelledError as exc:
+                    _not_ours(exc)
+            except (StoreError, ControllerError, _ForeignCancel) as exc:
                 self._again.add(uid)
                 if not retried:  # said once; the scans that try again say nothing new
                     what = logs.fields(session=uid, error=str(exc))
@@ -337,8 +340,11 @@ class Subagents:
             self._kick.clear()
             for uid in sorted(self._waiting):
                 try:
-                    await self.wake(uid)
-                except (StoreError, ControllerError) as exc:
+                    try:
+                        await self.wake(uid)
+                    except asyncio.CancelledError as exc:
+                        _not_ours(exc)
+                except (StoreError, ControllerError, _ForeignCancel) as exc:
                     what = logs.fields(session=uid, error=type(exc).__name__)
                     log.info("subagent wake not done yet", extra=what)
                 except Exception:  # the loop must outlive one parent's surprise; it is logged
@@ -571,7 +577,8 @@ class Subagents:
             except SessionExistsError:
                 pass
             row = await core.store.get_session(uid)
-            assert row is not None
+            if row is None:  # deleted as soon as it was made (a cascade, a DeleteSession)
+                raise FailedPreconditionError(f"subagent session {uid} was deleted as it was made")
         child = await self._child(uid)
         if child is None or child[1] is not None:
             return uid  # its turn was submitted before
@@ -757,6 +764,20 @@ _NOT_STARTED = (
     ResourceExhaustedError,
     PermissionDeniedError,
 )
+
+
+class _ForeignCancel(Exception):
+    """A CancelledError the scan's own task was not asked for: grpc raises one from a call whose
+    channel was closed under it (a harness process that went away mid-Describe, say)."""
+
+
+def _not_ours(exc: asyncio.CancelledError) -> NoReturn:
+    """Re-raise a cancel of the current task; any other as :class:`_ForeignCancel`, so a loop
+    that must outlive one session's trouble goes on."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        raise exc
+    raise _ForeignCancel("a call was cancelled under the scan") from exc
 
 
 def _waits(effect: Effect) -> bool:
