@@ -805,3 +805,22 @@ async def test_the_history_arrives_whole_when_the_harness_reads_it() -> None:
         assert (await host.end()).state == "COMPLETED"
     assert seen == [history]
     assert output is not None and output.message.parts[0].text.text == "50 events, last turn 49"
+
+
+async def test_a_first_frame_that_does_not_decode_is_refused_with_invalid_argument() -> None:
+    harness = ScriptedHarness(echo_script)
+    running = await start_server(harness, "127.0.0.1:0", servicer=HarnessServicer(harness))
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            connect = channel.stream_stream(
+                "/agentsessions.v1.Harness/Connect", response_deserializer=common_pb2.Event.FromString
+            )
+            call = connect()
+            await call.write(b"\x0a\xff\x01")  # field 1 says 255 bytes follow; one does
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await call.read()
+    finally:
+        await running.stop(None)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "first frame does not decode" in (failure.value.details() or "")
+    assert harness.runs == 0

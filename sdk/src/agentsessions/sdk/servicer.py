@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from agentsessions.sdk import tracing
 from agentsessions.sdk.errors import ExecutionCancelledError, find_park
@@ -95,7 +96,14 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
             )
             return
         if isinstance(first, bytes):  # served by add_to_server: the history stays unparsed for now
-            first = parse_start_frame(first)
+            try:
+                first = parse_start_frame(first)
+            except DecodeError as exc:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"first frame does not decode as agentsessions.v1.ControllerFrame: {exc}",
+                )
+                return
             is_start = first.HasField("start")
         else:
             is_start = first is not grpc.aio.EOF and first.WhichOneof("frame") == "start"
@@ -154,16 +162,24 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
         task = asyncio.current_task()
         assert task is not None
         grace: list[asyncio.TimerHandle] = []
+        fired: list[bool] = []
+
+        def cut() -> None:
+            fired.append(True)
+            task.cancel()
 
         def arm(reason: str) -> None:
-            grace.append(asyncio.get_running_loop().call_later(self._cancel_grace, task.cancel))
+            grace.append(asyncio.get_running_loop().call_later(self._cancel_grace, cut))
 
         sink.on_cancel = arm
         try:
             await self._harness.run(start, sink)
         except asyncio.CancelledError:
-            if not grace or task.cancelling() != 1:
-                raise  # the call itself was cancelled (the host went away), not by the grace
+            # Only the grace's own cut is taken here: a timer armed and not fired yet says nothing,
+            # and the host cutting the stream first (it does, its grace runs from before ours)
+            # cancels the call itself.
+            if not fired or task.cancelling() != 1:
+                raise
             task.uncancel()
             return ExecutionCancelledError("the harness run was cancelled after the cancel grace")
         except Exception as exc:
