@@ -168,6 +168,14 @@ class DialectStore:
 
     async def _commit(self, batch: list[_Write[Any]]) -> None:
         try:
+            await self._commit_batch(batch)
+        finally:
+            # Whatever escaped above (a bug, say), nobody waits forever on a write of this batch.
+            for write in batch:
+                _settle(write.future, StoreError("journal write outcome unknown: its commit failed"))
+
+    async def _commit_batch(self, batch: list[_Write[Any]]) -> None:
+        try:
             outcomes, view, foreign = await self._dialect.transaction(
                 lambda tx: self._apply(tx, batch, self._heads)
             )

@@ -38,6 +38,7 @@ class GroupCommit(Generic[_W]):
         self._in_flight: set[asyncio.Task[None]] = set()
         # Batches started whose task has not taken its writes yet.
         self._starting = 0
+        self._stepped: set[asyncio.Task[None] | None] = set()  # batches past their first step
 
     def __len__(self) -> int:
         """Writes queued and not yet in a batch."""
@@ -59,12 +60,17 @@ class GroupCommit(Generic[_W]):
 
     async def _flush(self) -> None:
         self._starting -= 1
+        self._stepped.add(asyncio.current_task())
         size = min(self._max_batch, len(self._queue))
         if size:
             await self._commit([self._queue.popleft() for _ in range(size)])
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
+        if task in self._stepped:
+            self._stepped.discard(task)
+        else:
+            self._starting -= 1  # cancelled before its first step: it never counted itself out
         if self._queue:
             self._start()
 
