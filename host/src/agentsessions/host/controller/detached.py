@@ -36,7 +36,10 @@ from agentsessions.host.controller.errors import (
     HarnessUnavailableError,
     InvalidArgumentError,
     PermissionDeniedError,
+    RecordTooLargeError,
+    ResourceExhaustedError,
     SessionBusyError,
+    UnrecordableError,
 )
 from agentsessions.host.controller.executions import Execution, latest_execution
 from agentsessions.host.controller.leases import LeaseKeeper
@@ -272,6 +275,8 @@ class TurnQueue:
                     return
         except (SessionBusyError, StoreError) as exc:
             log.info("queued turn not started yet", extra=logs.fields(session=uid, error=type(exc).__name__))
+        except Exception:  # the queue is kicked again (a turn's end, the recovery scan); it is logged
+            log.exception("queued turn not started", extra=logs.fields(session=uid))
 
     async def _start(self, uid: str, head: QueuedTurn) -> bool:
         """Start ``head``; False when the queue must wait (True: look at the next one)."""
@@ -286,22 +291,25 @@ class TurnQueue:
             await self.detached.start(p, self.host)
         except QueuedTurnGone:
             return True  # another host started it
-        except (SessionBusyError, ConcurrencyError, HarnessUnavailableError) as exc:
-            what = logs.fields(session=uid, execution_id=head.execution_id, error=type(exc).__name__)
-            log.info("queued turn waits", extra=what)
-            return False
         except (
             InvalidArgumentError,
             FailedPreconditionError,
             DeadlineExceededError,
             PermissionDeniedError,
             SessionNotFoundError,
+            RecordTooLargeError,  # its inputs make a record the journal refuses: never admitted
+            UnrecordableError,
         ) as exc:
             # It can never run: dropped, so the turns behind it do not wait forever.
             what = logs.fields(session=uid, execution_id=head.execution_id, error=type(exc).__name__)
             log.warning("queued turn dropped: it cannot be admitted", extra=what)
             await self.live.dequeue(uid, head.execution_id)
             return True
+        except (SessionBusyError, ConcurrencyError, HarnessUnavailableError, ResourceExhaustedError) as exc:
+            # Busy, or the execution limits are full: the next look (a turn ending, the recovery scan).
+            what = logs.fields(session=uid, execution_id=head.execution_id, error=type(exc).__name__)
+            log.info("queued turn waits", extra=what)
+            return False
         return False  # it runs; its end starts the next
 
 
