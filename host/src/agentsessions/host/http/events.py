@@ -31,7 +31,6 @@ another host with their ``Last-Event-ID``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -169,9 +168,11 @@ class EventStream:
             draining.cancel()
             if following is not None:
                 following.cancel()
-                # The generator must be idle again before the caller closes it.
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait({following}, timeout=_RELEASE_S)
+                # The generator must be idle again before the caller closes it. (asyncio.wait raises
+                # nothing of the task's; a cancel of this handler itself goes on up.)
+                await asyncio.wait({following}, timeout=_RELEASE_S)
+                if following.done() and not following.cancelled():
+                    following.exception()  # seen: it ended as the stream did
 
 
 async def _next(updates: AsyncIterator[live_pb2.WatchUpdate]) -> live_pb2.WatchUpdate | None:
