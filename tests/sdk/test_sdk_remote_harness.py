@@ -63,10 +63,12 @@ class RawHarness(harness_pb2_grpc.HarnessServicer):
         self.peers: list[Peer] = []
         self.describe_gate = asyncio.Event()
         self.block_describe = False
+        self.describing = asyncio.Event()  # a Describe reached the harness
 
     async def Describe(
         self, request: harness_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> harness_pb2.HarnessDescriptor:
+        self.describing.set()
         if self.block_describe:
             await self.describe_gate.wait()
         return harness_pb2.HarnessDescriptor(id="raw", version="3")
@@ -589,6 +591,27 @@ async def test_cancel_cuts_a_harness_that_ignores_it() -> None:
         with pytest.raises(ExecutionCancelledError):
             await running
         assert not await remote.cancel(EXECUTION, "again")
+
+
+async def test_a_describe_cut_by_its_channel_closing_is_unavailable_not_a_cancel() -> None:
+    """grpc raises CancelledError from a call whose channel was closed on this side, in a task
+    nobody cancelled (the host retires a harness process that went away): that is the harness gone,
+    not a cancel of the admission (which would end a caller's Exec CANCELLED, or stop a loop)."""
+    async def unused(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        raise AssertionError("no stream is opened")
+        yield  # pragma: no cover
+
+    raw = RawHarness(unused)
+    raw.block_describe = True
+    async with linked(raw) as remote:
+        describing = asyncio.create_task(remote.describe())
+        async with asyncio.timeout(10):
+            await raw.describing.wait()
+        await remote.close()
+        with pytest.raises(HarnessUnavailableError) as gone:
+            await describing
+        raw.describe_gate.set()
+    assert gone.value.code == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_a_cancel_before_the_stream_opens_ends_the_run_and_opens_nothing() -> None:

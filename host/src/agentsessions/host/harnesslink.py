@@ -239,6 +239,11 @@ class RemoteHarness:
             raise HarnessUnavailableError(
                 f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
             ) from exc
+        except asyncio.CancelledError:
+            gone = _cut_under_us(self.address, "Describe")
+            if gone is None:
+                raise
+            raise gone from None
         if isinstance(descriptor, _Undecodable):
             raise HarnessMisdescribedError(
                 f"harness at {self.address} answered Describe with bytes that do not decode as "
@@ -638,6 +643,11 @@ class _Bridge:
             ) from None
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
+        except asyncio.CancelledError:
+            gone = _cut_under_us(self._link.address, "the Connect stream")
+            if gone is None:
+                raise
+            raise gone from None
         if message is grpc.aio.EOF:
             return None
         if isinstance(message, _Undecodable):
@@ -646,6 +656,19 @@ class _Bridge:
             )
         assert isinstance(message, common_pb2.Event)
         return message
+
+
+def _cut_under_us(address: str, what: str) -> HarnessUnavailableError | None:
+    """What to raise for a CancelledError out of a call: grpc raises one from a call cancelled on
+    this side (its channel closed: the harness process went away and was retired, say), also in a
+    task nobody cancelled. That is the harness gone, UNAVAILABLE; a cancel of the current task
+    itself goes on as the cancel (None)."""
+    task = asyncio.current_task()
+    if task is None or task.cancelling():
+        return None
+    return HarnessUnavailableError(
+        f"harness at {address}: {what} was cut on this side (its channel closed)", grpc.StatusCode.UNAVAILABLE
+    )
 
 
 class _Marker:
