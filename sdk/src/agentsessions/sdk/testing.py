@@ -229,7 +229,14 @@ class HarnessEnvironment:
                 await self.harness.run(start, sink)
             except ReplayDiverged:
                 raise
-            except BaseException as exc:
+            except asyncio.CancelledError as exc:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the test's own task was cancelled (its timeout, say): not the harness
+                raise ReplayDiverged(
+                    f"execution {execution_id}: the harness failed on replay: {exc!r}"
+                ) from exc
+            except Exception as exc:
                 raise ReplayDiverged(
                     f"execution {execution_id}: the harness failed on replay: {exc!r}"
                 ) from exc
@@ -339,6 +346,9 @@ class HarnessEnvironment:
         self._running = task
         try:
             await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()  # the caller left: the harness's run does not go on without it
+            raise
         finally:
             self._running = None
         return self.finish(start, sink, asyncio.CancelledError() if task.cancelled() else task.exception())
