@@ -43,10 +43,13 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
     uid = await host.create()
     watched: list[live_pb2.WatchUpdate] = []
     ended = asyncio.Event()
+    running = asyncio.Event()
 
     async def follow() -> None:
         async for update in host.client.watch(uid, include_deltas=True):
             watched.append(update)
+            if update.HasField("session") and update.session.exec_state == session_pb2.EXEC_RUNNING:
+                running.set()
             if update.HasField("session") and update.session.exec_state == session_pb2.EXEC_COMPLETED:
                 ended.set()
                 return
@@ -56,6 +59,9 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
     first = await anext(exec_call)
     assert first.WhichOneof("update") == "session"
     assert await host.harness.next_started() == "hi"
+    # Held until the watcher saw it running: one behind a fast turn may not (docs/live.md).
+    async with asyncio.timeout(WAIT_S):
+        await running.wait()
     host.harness.open("hi")
     streamed = [u.record async for u in exec_call if u.WhichOneof("update") == "record"]
     async with asyncio.timeout(WAIT_S):
