@@ -319,16 +319,20 @@ class RemoteHarness:
         return True
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
-        self._described = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-            self._stub = None
+        watcher, self._watcher = self._watcher, None
+        try:
+            if watcher is not None:
+                watcher.cancel()
+                # Waited for without taking its end as ours: a cancel of the closer goes on up
+                # (after the channel below is closed all the same).
+                await asyncio.wait({watcher})
+                if not watcher.cancelled():
+                    watcher.exception()
+        finally:
+            self._described = None
+            channel, self._channel, self._stub = self._channel, None, None
+            if channel is not None:
+                await channel.close()
 
     async def __aenter__(self) -> RemoteHarness:
         return self
