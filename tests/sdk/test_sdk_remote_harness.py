@@ -597,6 +597,7 @@ async def test_a_describe_cut_by_its_channel_closing_is_unavailable_not_a_cancel
     """grpc raises CancelledError from a call whose channel was closed on this side, in a task
     nobody cancelled (the host retires a harness process that went away): that is the harness gone,
     not a cancel of the admission (which would end a caller's Exec CANCELLED, or stop a loop)."""
+
     async def unused(peer: Peer) -> AsyncIterator[common_pb2.Event]:
         raise AssertionError("no stream is opened")
         yield  # pragma: no cover
