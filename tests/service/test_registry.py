@@ -142,7 +142,10 @@ async def test_what_a_client_may_send_gets_a_precise_status_never_unknown(host: 
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "spec.remote.address" in (err.value.details() or "")
-    for name, rule in (("a\x00b", "control characters"), ("x" * 254, "at most 253")):
+    for name, rule in (
+        ("a\x00b", "name: must not contain control characters"),
+        ("x" * 254, "name: must be at most 253 characters"),
+    ):
         for call in (
             host.registry.GetHarness(hr.GetHarnessRequest(name=name)),
             host.registry.RetireHarness(hr.RetireHarnessRequest(name=name)),
@@ -150,9 +153,7 @@ async def test_what_a_client_may_send_gets_a_precise_status_never_unknown(host: 
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert f"name: must {'not contain' if 'control' in rule else 'be'} {rule}" in (
-                err.value.details() or ""
-            )
+            assert err.value.details() == rule
 
 
 async def test_a_failing_store_answers_with_its_status_not_unknown(
