@@ -117,11 +117,13 @@ def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, task: asyncio.Task[
         with contextlib.suppress(OSError):  # a standard input that cannot be read is closed
             while os.read(0, 65536):
                 pass
-        with contextlib.suppress(RuntimeError):  # the loop has already finished
-            loop.call_soon_threadsafe(task.cancel)
-        # The process that held standard input may have held stderr too: it may be gone as well.
+        # Said before the stop is asked: once the loop ends, the process may exit before this
+        # daemon thread runs again (CI saw the line lost). The process that held standard input may
+        # have held stderr too: it may be gone as well.
         with contextlib.suppress(OSError):
             print("agentsessions-harness: standard input closed: stopping", file=sys.stderr, flush=True)
+        with contextlib.suppress(RuntimeError):  # the loop has already finished
+            loop.call_soon_threadsafe(task.cancel)
 
     threading.Thread(target=watch, name="agentsessions-stdin-lifeline", daemon=True).start()
 
