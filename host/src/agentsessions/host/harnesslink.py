@@ -35,7 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -239,11 +239,8 @@ class RemoteHarness:
             raise HarnessUnavailableError(
                 f"harness at {self.address} did not describe itself: {code.name}: {exc.details()}", code
             ) from exc
-        except asyncio.CancelledError:
-            gone = _cut_under_us(self.address, "Describe")
-            if gone is None:
-                raise
-            raise gone from None
+        except asyncio.CancelledError as exc:
+            _reraise_cut(exc, self.address, "Describe")
         if isinstance(descriptor, _Undecodable):
             raise HarnessMisdescribedError(
                 f"harness at {self.address} answered Describe with bytes that do not decode as "
@@ -647,11 +644,8 @@ class _Bridge:
             ) from None
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
-        except asyncio.CancelledError:
-            gone = _cut_under_us(self._link.address, "the Connect stream")
-            if gone is None:
-                raise
-            raise gone from None
+        except asyncio.CancelledError as exc:
+            _reraise_cut(exc, self._link.address, "the Connect stream")
         if message is grpc.aio.EOF:
             return None
         if isinstance(message, _Undecodable):
@@ -662,17 +656,16 @@ class _Bridge:
         return message
 
 
-def _cut_under_us(address: str, what: str) -> HarnessUnavailableError | None:
-    """What to raise for a CancelledError out of a call: grpc raises one from a call cancelled on
-    this side (its channel closed: the harness process went away and was retired, say), also in a
-    task nobody cancelled. That is the harness gone, UNAVAILABLE; a cancel of the current task
-    itself goes on as the cancel (None)."""
+def _reraise_cut(exc: asyncio.CancelledError, address: str, what: str) -> NoReturn:
+    """Raise for a CancelledError out of a call: grpc raises one from a call cancelled on this side
+    (its channel closed: the harness process went away and was retired, say), also in a task nobody
+    cancelled. That is the harness gone, UNAVAILABLE; a cancel of the current task itself goes on."""
     task = asyncio.current_task()
     if task is None or task.cancelling():
-        return None
-    return HarnessUnavailableError(
+        raise exc
+    raise HarnessUnavailableError(
         f"harness at {address}: {what} was cut on this side (its channel closed)", grpc.StatusCode.UNAVAILABLE
-    )
+    ) from None
 
 
 class _Marker:

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, NoReturn
+from typing import Final, TypeVar
 
 from agentsessions.host import logs
 from agentsessions.host.callcontext import CallContext
@@ -59,6 +59,8 @@ from agentsessions.sdk.modes import MODE_ANNOTATION
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger("agentsessions.controller")
+
+_T = TypeVar("_T")
 
 K = common_pb2
 
@@ -269,10 +271,7 @@ class Subagents:
             retried = uid in self._again
             self._again.discard(uid)
             try:
-                try:
-                    await self._adopt_one(uid)
-                except asyncio.CancelledError as exc:
-                    _not_ours(exc)
+                await _foreign_cancel_as_error(self._adopt_one(uid))
             except (StoreError, ControllerError, _ForeignCancel) as exc:
                 self._again.add(uid)
                 if not retried:  # said once; the scans that try again say nothing new
@@ -340,10 +339,7 @@ class Subagents:
             self._kick.clear()
             for uid in sorted(self._waiting):
                 try:
-                    try:
-                        await self.wake(uid)
-                    except asyncio.CancelledError as exc:
-                        _not_ours(exc)
+                    await _foreign_cancel_as_error(self.wake(uid))
                 except (StoreError, ControllerError, _ForeignCancel) as exc:
                     what = logs.fields(session=uid, error=type(exc).__name__)
                     log.info("subagent wake not done yet", extra=what)
@@ -771,13 +767,16 @@ class _ForeignCancel(Exception):
     channel was closed under it (a harness process that went away mid-Describe, say)."""
 
 
-def _not_ours(exc: asyncio.CancelledError) -> NoReturn:
-    """Re-raise a cancel of the current task; any other as :class:`_ForeignCancel`, so a loop
-    that must outlive one session's trouble goes on."""
-    task = asyncio.current_task()
-    if task is None or task.cancelling():
-        raise exc
-    raise _ForeignCancel("a call was cancelled under the scan") from exc
+async def _foreign_cancel_as_error(work: Awaitable[_T]) -> _T:
+    """``await work``; a CancelledError the current task was not asked for comes out as
+    :class:`_ForeignCancel`, so a loop that must outlive one session's trouble goes on."""
+    try:
+        return await work
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise _ForeignCancel("a call was cancelled under the scan") from exc
 
 
 def _waits(effect: Effect) -> bool:

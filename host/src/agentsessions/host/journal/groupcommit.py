@@ -36,9 +36,9 @@ class GroupCommit(Generic[_W]):
         self._max_in_flight = max(1, max_in_flight)
         self._queue: collections.deque[_W] = collections.deque()
         self._in_flight: set[asyncio.Task[None]] = set()
-        # Batches started whose task has not taken its writes yet.
-        self._starting = 0
-        self._stepped: set[asyncio.Task[None] | None] = set()  # batches past their first step
+        # Batches started whose task has not taken its writes yet (one cancelled before its first
+        # step leaves with its done callback).
+        self._starting: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         """Writes queued and not yet in a batch."""
@@ -52,25 +52,23 @@ class GroupCommit(Generic[_W]):
         # A new batch's task takes its writes at its first step, one loop turn from now, so
         # writes queued meanwhile (by callers a finished batch woke) travel with it.
         loop = asyncio.get_running_loop()
-        while len(self._in_flight) < self._max_in_flight and len(self._queue) > self._starting:
-            self._starting += 1
+        while len(self._in_flight) < self._max_in_flight and len(self._queue) > len(self._starting):
             task = loop.create_task(self._flush())
+            self._starting.add(task)
             self._in_flight.add(task)
             task.add_done_callback(self._done)
 
     async def _flush(self) -> None:
-        self._starting -= 1
-        self._stepped.add(asyncio.current_task())
+        task = asyncio.current_task()
+        if task is not None:
+            self._starting.discard(task)
         size = min(self._max_batch, len(self._queue))
         if size:
             await self._commit([self._queue.popleft() for _ in range(size)])
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
-        if task in self._stepped:
-            self._stepped.discard(task)
-        else:
-            self._starting -= 1  # cancelled before its first step: it never counted itself out
+        self._starting.discard(task)
         if self._queue:
             self._start()
 
