@@ -44,10 +44,12 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
     watched: list[live_pb2.WatchUpdate] = []
     ended = asyncio.Event()
     running = asyncio.Event()
+    following = asyncio.Event()
 
     async def follow() -> None:
         async for update in host.client.watch(uid, include_deltas=True):
             watched.append(update)
+            following.set()
             if update.HasField("session") and update.session.exec_state == session_pb2.EXEC_RUNNING:
                 running.set()
             if update.HasField("session") and update.session.exec_state == session_pb2.EXEC_COMPLETED:
@@ -55,6 +57,10 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
                 return
 
     watcher = asyncio.create_task(follow())
+    # The turn starts once the watcher has the session as it stood (else, under load, its first
+    # item is the turn already running).
+    async with asyncio.timeout(WAIT_S):
+        await following.wait()
     exec_call = host.client.exec(uid, "hi")
     first = await anext(exec_call)
     assert first.WhichOneof("update") == "session"
