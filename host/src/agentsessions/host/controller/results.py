@@ -250,6 +250,7 @@ class Settler:
         self, uid: str, start: Start, sink: ExecutionSink, writer: ExecutionWriter
     ) -> Settled | None:
         core = self.core
+        await writer.flushed()  # the answer of its last model call may still be on its way
         # The execution's own records, as its writer made them durable: no store read per turn.
         events = core.cache.written(uid) or await core.cache.events(uid)
         judged = judge(execution_tail(events, start.execution_id))

@@ -57,7 +57,10 @@ K = common_pb2
 
 # Appends one event for this execution and returns its durable record.
 Appender = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
-__all__ = ["Appender", "DeltaSink", "ExecutionSink", "SinkCounters", "TaskGate"]
+# Orders one event after the execution's records and makes it durable in the background; the
+# next append waits for it (controller.writer.ExecutionWriter.append_soon).
+AppendSoon = Callable[[common_pb2.Event], None]
+__all__ = ["AppendSoon", "Appender", "DeltaSink", "ExecutionSink", "SinkCounters", "TaskGate"]
 
 
 class TaskGate(Protocol):
@@ -104,11 +107,13 @@ class ExecutionSink:
         modes: ModeCheck | None = None,
         host_mode: str = "",
         tasks: TaskGate | None = None,
+        append_soon: AppendSoon | None = None,
     ) -> None:
         self.session = session
         self._tasks = tasks  # the host's task tool, for a harness that asked for it
         self.execution_id = execution_id
         self._append = append
+        self._append_soon = append_soon
         self._model = model
         self._tools = tools
         self._recorded = recorded or []
@@ -216,13 +221,22 @@ class ExecutionSink:
     async def _record_completion(
         self, call: common_pb2.ModelCall, result: harness_pb2.ModelResult
     ) -> harness_pb2.ModelResult:
-        """Journal a fresh completion (OUTPUT, then its usage once) and answer the harness."""
-        await self._record(common_pb2.Event(kind=K.EVENT_OUTPUT, message=result.message))
+        """Journal a fresh completion (OUTPUT, then its usage once) and answer the harness. Where
+        the sink may, the answer does not wait for those records' flush: whatever the harness
+        does with it reaches the journal after them (the class docstring of ExecutionWriter)."""
         reply = harness_pb2.ModelResult(message=result.message, model_call_id=call.id)
+        records = [common_pb2.Event(kind=K.EVENT_OUTPUT, message=result.message)]
         self._last_usage = None
         if result.HasField("usage"):
             reply.usage.CopyFrom(result.usage)
-            await self._record(common_pb2.Event(kind=K.EVENT_USAGE, usage=reply.usage))
+            records.append(common_pb2.Event(kind=K.EVENT_USAGE, usage=reply.usage))
+        for event in records:
+            if self._append_soon is not None:
+                event.execution_id = self.execution_id
+                self._append_soon(event)
+            else:
+                await self._record(event)
+        if result.HasField("usage"):
             self._last_usage = reply.usage
         return reply
 

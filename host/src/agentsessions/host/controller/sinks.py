@@ -12,7 +12,7 @@ from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
 from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mode
-from agentsessions.host.controller.sink import DeltaSink, ExecutionSink, TaskGate
+from agentsessions.host.controller.sink import AppendSoon, DeltaSink, ExecutionSink, TaskGate
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.ids import token_hex
@@ -91,6 +91,7 @@ class SinkFactory:
             modes=modes,
             host_mode=session_mode(row),
             tasks=self.tasks if offers_task(descriptor) else None,
+            append_soon=writer.append_soon,
         )
 
     def replay(self, row: SessionRow, execution_id: str, recorded: Recorded) -> ExecutionSink:
@@ -126,6 +127,7 @@ class SinkFactory:
         modes: ModeCheck | None,
         host_mode: str,
         tasks: TaskGate | None = None,
+        append_soon: AppendSoon | None = None,
     ) -> ExecutionSink:
         return ExecutionSink(
             session=uid,
@@ -145,4 +147,5 @@ class SinkFactory:
             modes=modes,
             host_mode=host_mode,
             tasks=tasks,
+            append_soon=append_soon,
         )

@@ -9,14 +9,15 @@ cannot be journaled or read back is refused before anything is written.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agentsessions.host import recordable
 from agentsessions.host.controller.errors import ConcurrencyError, RecordTooLargeError, UnrecordableError
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.journal import canon
-from agentsessions.host.journal.store import ConflictError, FencedError, JournalStore
+from agentsessions.host.journal.store import ConflictError, FencedError, JournalStore, StoreError
 from agentsessions.host.limits import DEFAULT_LIMITS
 from agentsessions.host.telemetry.genai import journal_append
 from agentsessions.v1 import common_pb2
@@ -43,9 +44,26 @@ class JournalWriter:
     ) -> list[common_pb2.LogRecord]:
         """Append ``events`` after record ``head`` under ``fence`` (or, with ``mint_fence``, under a
         fence minted in the same transaction); ConcurrencyError when another writer won the head."""
+        return await self.append_checked(uid, self.checked(events), head, fence, mint_fence=mint_fence)
+
+    def checked(self, events: Sequence[common_pb2.Event]) -> list[common_pb2.Event]:
+        """``events`` as the journal stores them, each checked (RecordTooLargeError,
+        UnrecordableError) before anything is written."""
         normalized = [canon.normalize_event(e) for e in events]
         for event in normalized:
             self._check(event)
+        return normalized
+
+    async def append_checked(
+        self,
+        uid: str,
+        normalized: Sequence[common_pb2.Event],
+        head: int,
+        fence: int,
+        *,
+        mint_fence: bool = False,
+    ) -> list[common_pb2.LogRecord]:
+        """:meth:`append` of events :meth:`checked` already made ready."""
         try:
             with journal_append(uid, len(normalized)) as span:
                 records = await self._store.append(
@@ -97,16 +115,28 @@ class JournalWriter:
 
 @dataclass
 class ExecutionWriter:
-    """Appends one execution's records in order, each extending the previous one (CAS)."""
+    """Appends one execution's records in order, each extending the previous one (CAS).
+
+    :meth:`append` returns once the record is durable (and relayed). :meth:`append_soon` is for a
+    record nothing outside the journal acts on before the execution's next record: it is checked
+    and ordered at once, made durable and relayed in the background, and every later append,
+    marker or :meth:`flushed` of this execution waits for it first and raises its failure (which
+    stays: the execution's head is then unknown). The host answers a model call that way: the
+    harness gets the completion while its OUTPUT is flushed, and whatever the harness does with
+    it reaches the journal, the client or an effect only after that OUTPUT is durable. A crash in
+    between leaves the trailing MODEL_CALL a crash during the model call leaves (re-driven once).
+    """
 
     journal: JournalWriter
     uid: str
     fence: int
-    head: int  # the execution's last record so far
+    head: int  # the execution's last record so far (ordered; durable once ``flushed``)
     on_record: OnRecord | None = None
     strip_execution_id: bool = False  # legacy turns stay id-less in the journal
+    _soon: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def append(self, event: common_pb2.Event) -> common_pb2.LogRecord:
+        await self.flushed()
         if self.strip_execution_id:
             event.execution_id = ""
         (rec,) = await self.journal.append(self.uid, [event], self.head, self.fence)
@@ -115,9 +145,51 @@ class ExecutionWriter:
             await self.on_record(rec)
         return rec
 
+    def append_soon(self, event: common_pb2.Event) -> None:
+        """Order ``event`` after the execution's records now; see the class docstring. Raises
+        what :meth:`JournalWriter.checked` raises (nothing is written then)."""
+        if self.strip_execution_id:
+            event.execution_id = ""
+        (checked,) = self.journal.checked([event])
+        before, head = self._soon, self.head
+        self.head = head + 1
+
+        async def flush() -> None:
+            if before is not None:
+                await before
+            (rec,) = await self.journal.append_checked(self.uid, [checked], head, self.fence)
+            if self.on_record is not None:
+                await self.on_record(rec)
+
+        task = asyncio.get_running_loop().create_task(flush())
+        task.add_done_callback(_retrieved)
+        self._soon = task
+
+    async def flushed(self) -> None:
+        """Return once every record :meth:`append_soon` ordered is durable and relayed; raise the
+        failure of one that was not. A cancel of the caller leaves the flush running."""
+        soon = self._soon
+        if soon is None:
+            return
+        if not soon.done():
+            await asyncio.wait({soon})
+        if soon.cancelled():
+            raise StoreError("journal write abandoned: the host is stopping")
+        failure = soon.exception()
+        if failure is not None:
+            raise failure
+        self._soon = None
+
     async def marker(self, lifecycle: common_pb2.Lifecycle) -> common_pb2.LogRecord:
         """A lifecycle marker after the execution's records, under its fence."""
+        await self.flushed()
         return await self.journal.marker(self.uid, self.fence, lifecycle, self.on_record)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    # The failure is raised to whoever appends next; nobody may be left to (the turn was cut).
+    if not task.cancelled():
+        task.exception()
 
 
 def _kind(event: common_pb2.Event) -> str:

@@ -1,0 +1,200 @@
+"""A model call is answered while its OUTPUT is flushed (ExecutionWriter.append_soon): the record
+is ordered at once, relayed only once durable, and the execution's next record waits for it; its
+failure is raised to whoever appends next and stays; a record the journal refuses on sight is
+refused before anything is scheduled.
+
+The journal is a real SQLite store whose append of an OUTPUT can be held at a gate (so each step
+is event-gated, never timed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from agentsessions.host.controller.errors import ConcurrencyError, RecordTooLargeError
+from agentsessions.host.controller.journal_cache import JournalCache
+from agentsessions.host.controller.sink import ExecutionSink
+from agentsessions.host.controller.writer import ExecutionWriter, JournalWriter
+from agentsessions.host.journal.sqlite import SqliteStore
+from agentsessions.host.journal.store import SessionRow
+from agentsessions.host.models.echo import EchoModel
+from agentsessions.v1 import common_pb2
+
+K = common_pb2
+EXECUTION = "00000000000000e1"
+
+
+class HeldSqliteStore(SqliteStore):
+    """A SQLite journal whose appends of OUTPUT records wait at ``gate`` while ``hold`` is set."""
+
+    hold = False
+    reached: asyncio.Event
+    gate: asyncio.Event
+    kinds: list[int]
+
+    async def append(
+        self,
+        uid: str,
+        events: Sequence[common_pb2.Event],
+        *,
+        expected_head: int,
+        fence: int,
+        mint_fence: bool = False,
+    ) -> list[common_pb2.LogRecord]:
+        self.kinds.extend(e.kind for e in events)
+        if self.hold and any(e.kind == K.EVENT_OUTPUT for e in events):
+            self.reached.set()
+            await self.gate.wait()
+        return await super().append(
+            uid, events, expected_head=expected_head, fence=fence, mint_fence=mint_fence
+        )
+
+
+async def _store(tmp_path: Path) -> HeldSqliteStore:
+    store = await HeldSqliteStore.open(tmp_path / "journal.db")
+    assert isinstance(store, HeldSqliteStore)
+    store.reached, store.gate, store.kinds = asyncio.Event(), asyncio.Event(), []
+    await store.create_session(SessionRow(uid="s-1", project="p"))
+    return store
+
+
+class Execution:
+    def __init__(self, store: HeldSqliteStore, max_record_bytes: int = 1 << 20) -> None:
+        self.store = store
+        self.journal = JournalWriter(store, JournalCache(store), max_record_bytes)
+        self.relayed: list[int] = []
+        self.writer: ExecutionWriter | None = None
+
+    async def start(self) -> ExecutionWriter:
+        fence = await self.journal.mint("s-1", 0)
+
+        async def relay(rec: common_pb2.LogRecord) -> None:
+            self.relayed.append(rec.seq)
+
+        self.writer = ExecutionWriter(self.journal, "s-1", fence, 0, relay)
+        await self.writer.append(
+            K.Event(
+                execution_id=EXECUTION,
+                kind=K.EVENT_EXECUTION_START,
+                execution_start=K.ExecutionStart(input_count=1, harness="echo"),
+            )
+        )
+        return self.writer
+
+
+@pytest.fixture
+async def execution(tmp_path: Path) -> AsyncIterator[Execution]:
+    store = await _store(tmp_path)
+    try:
+        yield Execution(store)
+    finally:
+        store.gate.set()
+        await store.close()
+
+
+def _output(text: str) -> common_pb2.Event:
+    message = K.Message(role="assistant", parts=[K.Part(text=K.TextPart(text=text))])
+    return K.Event(execution_id=EXECUTION, kind=K.EVENT_OUTPUT, message=message)
+
+
+def _end() -> common_pb2.Event:
+    return K.Event(execution_id=EXECUTION, kind=K.EVENT_END, end=K.HarnessEnd(state="COMPLETED"))
+
+
+async def test_the_next_record_waits_for_the_flush_and_records_are_relayed_in_order(
+    execution: Execution,
+) -> None:
+    store = execution.store
+    writer = await execution.start()
+    store.hold = True
+
+    writer.append_soon(_output("echo:hi"))
+    assert writer.head == 2  # ordered at once
+    await store.reached.wait()
+    end = asyncio.create_task(writer.append(_end()))
+    await asyncio.sleep(0)  # the END's task runs to its first suspension
+    assert store.kinds == [K.EVENT_EXECUTION_START, K.EVENT_OUTPUT]  # END waits for the OUTPUT
+    assert execution.relayed == [1]  # nothing relayed before it is durable
+    assert (await store.head("s-1")).seq == 1
+
+    store.gate.set()
+    rec = await end
+    assert rec.seq == 3
+    assert execution.relayed == [1, 2, 3]
+    assert [r.event.kind for r in await store.read("s-1")] == [
+        K.EVENT_EXECUTION_START,
+        K.EVENT_OUTPUT,
+        K.EVENT_END,
+    ]
+    assert await store.verify("s-1") == 3
+
+
+async def test_a_flush_that_fails_is_raised_to_the_next_append_and_stays(execution: Execution) -> None:
+    store = execution.store
+    writer = await execution.start()
+    store.hold = True
+    writer.append_soon(_output("echo:hi"))
+    await store.reached.wait()
+    # Another writer takes the head the OUTPUT was ordered after.
+    lifecycle = K.Event(kind=K.EVENT_LIFECYCLE, lifecycle=K.Lifecycle(kind=K.Lifecycle.LIFECYCLE_CANCEL))
+    await store.append("s-1", [lifecycle], expected_head=1, fence=writer.fence)
+    store.gate.set()
+
+    with pytest.raises(ConcurrencyError):
+        await writer.append(_end())
+    with pytest.raises(ConcurrencyError):
+        await writer.flushed()
+    with pytest.raises(ConcurrencyError):
+        await writer.append(_end())
+    assert [r.event.kind for r in await store.read("s-1")] == [K.EVENT_EXECUTION_START, K.EVENT_LIFECYCLE]
+    assert execution.relayed == [1]
+
+
+async def test_a_record_the_journal_refuses_on_sight_is_refused_before_anything_is_ordered(
+    tmp_path: Path,
+) -> None:
+    store = await _store(tmp_path)
+    try:
+        execution = Execution(store, max_record_bytes=200)
+        writer = await execution.start()
+        with pytest.raises(RecordTooLargeError, match="record size limit"):
+            writer.append_soon(_output("x" * 1000))
+        assert writer.head == 1
+        rec = await writer.append(_end())
+        assert rec.seq == 2
+        await writer.flushed()
+    finally:
+        await store.close()
+
+
+async def test_the_harness_gets_the_answer_while_its_output_is_flushed(execution: Execution) -> None:
+    store = execution.store
+    writer = await execution.start()
+    sink = ExecutionSink(
+        session="s-1",
+        execution_id=EXECUTION,
+        append=writer.append,
+        append_soon=writer.append_soon,
+        model=EchoModel(),
+        tools=None,
+    )
+    store.hold = True
+    user = K.Message(role="user", parts=[K.Part(text=K.TextPart(text="hi"))])
+    async with asyncio.timeout(30):  # answered before the held OUTPUT is durable, or never
+        reply = await sink.model(K.ModelCall(model="echo", id="call-1", messages=[user]))
+
+    assert reply.message.parts[0].text.text == "echo:hi"
+    assert reply.model_call_id == "call-1"
+    await store.reached.wait()  # the OUTPUT is on its way, held
+    assert (await store.head("s-1")).seq == 2  # the MODEL_CALL intent was durable before the model ran
+    assert execution.relayed == [1, 2]
+
+    store.gate.set()
+    await writer.flushed()
+    records = await store.read("s-1")
+    assert [r.event.kind for r in records] == [K.EVENT_EXECUTION_START, K.EVENT_MODEL_CALL, K.EVENT_OUTPUT]
+    assert records[2].event.message.parts[0].text.text == "echo:hi"
+    assert execution.relayed == [1, 2, 3]
