@@ -5,7 +5,8 @@ arriving meanwhile is refused (SessionBusyError, ABORTED), or, for DeleteSession
 time for the ending operation to let go. Across hosts the fence and the journal's CAS do this job.
 Cancel arriving while the holder has no turn driven yet (an Exec in its Describe, say) arms a
 cancel on the hold (:class:`ArmedCancel`): the turn the holder drives next ends CANCELED at once,
-and the arming goes with the hold.
+and the arming goes with the hold. A hold taken by the host's own recovery says so
+(``hold(uid, recovery=True)``): a Resume that finds it waits for it instead of being refused.
 The table holds an entry only while someone holds or awaits a session, so it does not grow with
 the sessions a host has ever served.
 """
@@ -43,6 +44,7 @@ class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0  # holders and waiters; the slot is dropped when it reaches 0
     cancel: ArmedCancel | None = None  # armed for the current holder only (cleared as it lets go)
+    recovery: bool = False  # the current holder is the host's own recovery of the session
 
 
 class SessionGuards:
@@ -60,6 +62,16 @@ class SessionGuards:
         slot = self._slots.get(uid)
         return slot is not None and slot.lock.locked()
 
+    def recovering(self, uid: str) -> bool:
+        """Whether the host's own recovery holds ``uid`` right now."""
+        slot = self._slots.get(uid)
+        return slot is not None and slot.lock.locked() and slot.recovery
+
+    def users(self, uid: str) -> int:
+        """Holders and waiters of ``uid`` right now."""
+        slot = self._slots.get(uid)
+        return 0 if slot is None else slot.users
+
     def arm_cancel(self, uid: str, reason: str, execution_id: str = "") -> ArmedCancel | None:
         """Arm a cancel on the current hold of ``uid`` (None: nobody holds it)."""
         slot = self._slots.get(uid)
@@ -74,18 +86,20 @@ class SessionGuards:
         slot = self._slots.get(uid)
         return slot.cancel if slot is not None else None
 
-    def hold(self, uid: str) -> AbstractAsyncContextManager[None]:
-        """Hold the session's guard; SessionBusyError when another operation holds it."""
+    def hold(self, uid: str, *, recovery: bool = False) -> AbstractAsyncContextManager[None]:
+        """Hold the session's guard; SessionBusyError when another operation holds it.
+        ``recovery``: the holder is the host's own recovery of the session."""
         if self.busy(uid):
             raise SessionBusyError(uid)
-        return _Held(self, uid)
+        return _Held(self, uid, recovery)
 
     @contextlib.asynccontextmanager
-    async def hold_when_free(self, uid: str) -> AsyncIterator[None]:
-        """Hold the guard, waiting (bounded) for an ending operation to let go."""
+    async def hold_when_free(self, uid: str, bound_s: float | None = None) -> AsyncIterator[None]:
+        """Hold the guard, waiting (bounded: ``bound_s``, else the guards' own bound) for an ending
+        operation to let go."""
         async with self._using(uid) as slot:
             try:
-                async with asyncio.timeout(self._wait_bound_s):
+                async with asyncio.timeout(self._wait_bound_s if bound_s is None else bound_s):
                     await slot.lock.acquire()
             except TimeoutError:
                 raise SessionBusyError(uid) from None
@@ -121,9 +135,10 @@ class SessionGuards:
 class _Held:
     """Holding one session's guard (every Exec takes one: a class, not a generator, for its cost)."""
 
-    def __init__(self, guards: SessionGuards, uid: str) -> None:
+    def __init__(self, guards: SessionGuards, uid: str, recovery: bool = False) -> None:
         self._guards = guards
         self._uid = uid
+        self._recovery = recovery
         self._slot: _Slot | None = None
 
     async def __aenter__(self) -> None:
@@ -133,10 +148,12 @@ class _Held:
         except BaseException:
             self._guards.leave(self._uid, slot)
             raise
+        slot.recovery = self._recovery
 
     async def __aexit__(self, *exc_info: object) -> None:
         slot = self._slot
         assert slot is not None
         slot.cancel = None
+        slot.recovery = False
         slot.lock.release()
         self._guards.leave(self._uid, slot)

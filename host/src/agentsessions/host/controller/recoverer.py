@@ -284,7 +284,7 @@ class Recoverer:
         # wait (a gate nobody decided), and a client's turn must not find the session busy then.
         if not await self._needs_recovery(row, lease, guarded=False):
             return
-        async with core.guards.hold(uid):
+        async with core.guards.hold(uid, recovery=True):
             if not await self._needs_recovery(row, lease, guarded=True):
                 return
             _, executions = await sessions.read(core, row)

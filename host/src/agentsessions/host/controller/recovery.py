@@ -26,6 +26,9 @@ from agentsessions.v1 import common_pb2
 
 LK = common_pb2.Lifecycle
 
+# How long a Resume waits for the host's own recovery of the session to let it go.
+FOLLOW_RECOVERY_S = 60.0
+
 # How a re-drive asks the runtime for the session's compute: attached anew (Exec) or restored
 # from its last snapshot (Resume).
 Attach = Literal["create", "restore"]
@@ -48,7 +51,11 @@ async def resume(core: Core, call: CallContext, uid: str) -> SessionView:
 
 
 async def _resume(core: Core, call: CallContext, uid: str) -> SessionView:
-    async with core.guards.hold(uid):
+    guards = core.guards
+    # The host's own recovery is finishing this session's turn (a decided approval it continues,
+    # a crash it recovers): Resume waits for it, then finds the turn done, instead of ABORTED.
+    held = guards.hold_when_free(uid, FOLLOW_RECOVERY_S) if guards.recovering(uid) else guards.hold(uid)
+    async with held:
         row = await sessions.row(core, call, uid)
         events, executions = await sessions.read(core, row)
         latest = latest_execution(executions)
