@@ -1,6 +1,7 @@
 """The host loads what it serves with and nothing else: packages that only some flags use (the
-OpenAI-compatible provider's HTTP stack, PostgreSQL, the OpenTelemetry SDK, progress bars) are
-imported when those flags are, so a plain ``agentsessions serve`` starts fast (bench/startup.py)."""
+OpenAI-compatible provider's HTTP stack, PostgreSQL, the OpenTelemetry SDK, progress bars, the HTTP
+listener's aiohttp, JSON Schema for turns bound to a result schema) are imported when those flags
+or requests are, so a plain ``agentsessions serve`` starts fast (bench/startup.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import subprocess
 import sys
 
-OPTIONAL = ("httpx", "tenacity", "asyncpg", "rich", "opentelemetry.sdk")
+OPTIONAL = ("httpx", "tenacity", "asyncpg", "rich", "opentelemetry.sdk", "aiohttp", "jsonschema")
 
 PROBE = """
 import json, sys
@@ -41,3 +42,22 @@ def test_the_model_provider_loads_its_http_stack_when_built() -> None:
     loaded = loaded_after(code)
     assert "httpx" in loaded and "tenacity" in loaded
     assert not any(m.startswith(("asyncpg", "opentelemetry.sdk")) for m in loaded)
+
+
+def test_the_http_listener_loads_aiohttp_when_served() -> None:
+    code = PROBE.replace("loaded =", "from agentsessions.host.http import HttpListener\nloaded =")
+    loaded = loaded_after(code)
+    assert "aiohttp" in loaded
+    assert "jsonschema" not in loaded
+
+
+def test_a_result_schema_loads_json_schema_when_checked() -> None:
+    code = PROBE.replace(
+        "loaded =",
+        "from agentsessions.host.controller import results\n"
+        "results.check_schema({'type': 'object'})\n"
+        "loaded =",
+    )
+    loaded = loaded_after(code)
+    assert "jsonschema" in loaded
+    assert "aiohttp" not in loaded

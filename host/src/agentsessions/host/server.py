@@ -30,7 +30,6 @@ from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.addresses import is_loopback
 from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
-from agentsessions.host.http import HttpListener
 from agentsessions.host.journalwatch import JournalWatch
 from agentsessions.host.telemetry import setup as telemetry
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
@@ -150,7 +149,7 @@ def _watch_journal(app: App, healths: Sequence[health.HealthServicer]) -> None:
 
 def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Serving]) -> dict[str, Any]:
     facts: dict[str, Any] = {"listen": listeners[0].bound}
-    if isinstance(listeners[-1], HttpListener):
+    if config.http_listen:  # the HTTP listener comes last
         facts["http"] = listeners[-1].bound
         listeners = listeners[:-1]
     if len(listeners) > 1:
@@ -184,6 +183,9 @@ def _listeners(config: HostConfig, app: App) -> list[_Serving]:
         names = [service.name for service in app.admin_services]
         log.info("admin services not served: set --registry-addr", extra=logs.fields(services=names))
     if config.http_listen:
+        # Imported here: aiohttp costs start-up ~130 ms, and only --http-listen serves HTTP.
+        from agentsessions.host.http import HttpListener
+
         # The HTTP API calls the Sessions listener's services, with its interceptors, on a private socket.
         private = functools.partial(_Listener, services=app.services, interceptors=app.interceptors)
         listeners.append(HttpListener(config, private))

@@ -26,10 +26,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
-
 from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.journal.store import SessionNotFoundError
 from agentsessions.sdk import convert
@@ -75,6 +71,10 @@ def check_schema(schema: object) -> dict[str, Any]:
         raise ResultSchemaError(f"is not JSON a journal can hold: {exc}") from None
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise ResultSchemaError(f"is {len(text.encode())} bytes of JSON, more than {MAX_SCHEMA_BYTES}")
+    # Imported here: jsonschema costs start-up ~40 ms, and only turns bound to a schema need it.
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     try:
         validator = jsonschema.validators.validator_for(value)
         validator.check_schema(value)
@@ -92,6 +92,9 @@ def validate_result(result: Any, schema: Mapping[str, Any]) -> str | None:
     The one validation of a structured result: turns settle with it, and other code (a subagent's
     result, say) may call it the same way. ``$ref``s resolve within the schema only; nothing is
     fetched."""
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     validator_type = jsonschema.validators.validator_for(schema)
     validator = validator_type(schema)
     try:
