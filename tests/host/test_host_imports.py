@@ -1,7 +1,8 @@
 """The host loads what it serves with and nothing else: packages that only some flags use (the
-OpenAI-compatible provider's HTTP stack, PostgreSQL, the OpenTelemetry SDK, progress bars, the HTTP
-listener's aiohttp, JSON Schema for turns bound to a result schema) are imported when those flags
-or requests are, so a plain ``agentsessions serve`` starts fast (bench/startup.py)."""
+OpenAI-compatible provider's HTTP stack, PostgreSQL, OpenTelemetry, API included, which loads once a
+provider is installed, progress bars, the HTTP listener's aiohttp, JSON Schema for turns bound to a
+result schema) are imported when those flags or requests are, so a plain ``agentsessions serve``
+starts fast (bench/startup.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import subprocess
 import sys
 
-OPTIONAL = ("httpx", "tenacity", "asyncpg", "rich", "opentelemetry.sdk", "aiohttp", "jsonschema")
+OPTIONAL = ("httpx", "tenacity", "asyncpg", "rich", "opentelemetry", "aiohttp", "jsonschema")
 
 PROBE = """
 import json, sys

@@ -43,7 +43,7 @@ from agentsessions.host.runtime import HarnessProcessError, HarnessProcesses
 from agentsessions.host.service import compaction, live, registry, sessions, subagents
 from agentsessions.host.service.decoding import DecodingInterceptor
 from agentsessions.host.service.result_schema import ResultSchemaInterceptor
-from agentsessions.host.telemetry import TelemetryInterceptor, TracedModel, TracedTools
+from agentsessions.host.telemetry import TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
 from agentsessions.sdk.tls import TLSFilesError
@@ -214,7 +214,11 @@ async def build_app(config: HostConfig) -> App:
     # Outermost after the access log: unauthenticated calls get their span and duration too. With
     # nothing recording (no provider installed, here or by an embedding application) it is left out.
     traced = telemetry_switch.refresh()
-    app = App(services=[], interceptors=[TelemetryInterceptor()] if traced else [])
+    app = App(services=[])
+    if traced:
+        from agentsessions.host.telemetry.rpc import TelemetryInterceptor  # the API, only when traced
+
+        app.interceptors.append(TelemetryInterceptor())
     access: SessionAccess | None = None
     try:
         if config.auth_tokens is not None:

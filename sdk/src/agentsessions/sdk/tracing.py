@@ -4,23 +4,19 @@ The host sends its turn's W3C trace context (``traceparent``) as ``Harness.Conne
 :func:`start_run` opens a SERVER span ``agentsessions.v1.Harness/Connect`` as its child and returns
 the context the harness's ``run`` task starts in, so spans the harness makes itself nest under the
 turn. Without the ``opentelemetry-api`` package (the thin SDK does not require it) nothing is traced.
-Spans carry ids and outcomes only, never inputs or outputs.
+Spans carry ids and outcomes only, never inputs or outputs. The API is imported only once something
+in the process installed a tracer provider (which imports it), so an untraced process never loads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from agentsessions.sdk.errors import ApprovalParkedError
-
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
-except ImportError:  # pragma: no cover - exercised by the thin SDK install
-    trace = None  # type: ignore[assignment]
 
 CONNECT = "agentsessions.v1.Harness/Connect"
 
@@ -36,8 +32,12 @@ def start_run(
 ) -> tuple[contextvars.Context | None, Finish]:
     """The context to create the run task in (None: the current one) and the done-callback that
     ends its span with the run's outcome."""
+    trace: Any = sys.modules.get("opentelemetry.trace")  # installing a provider imports it
     if trace is None or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None, _ignore
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate
+
     carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
     parent = propagate.extract(carrier)
     span = trace.get_tracer("agentsessions.sdk").start_span(

@@ -13,29 +13,47 @@ import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
-
-from opentelemetry import metrics, trace
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
 
 from agentsessions.host.models.provider import DeltaCallback, ModelProvider
 from agentsessions.host.telemetry import names, switch
 from agentsessions.host.tools.profile import ToolProfile
 from agentsessions.v1 import common_pb2, harness_pb2
 
-_tracer = trace.get_tracer(names.INSTRUMENTATION)
-_meter = metrics.get_meter(names.INSTRUMENTATION)
-_turns = _meter.create_counter(names.TURNS, unit="{turn}", description="Turns run, by outcome.")
-_append_duration = _meter.create_histogram(
-    names.JOURNAL_APPEND_DURATION, unit="s", description="Latency of durable journal appends."
-)
-_operation_duration = _meter.create_histogram(
-    names.GEN_AI_CLIENT_OPERATION_DURATION, unit="s", description="Duration of model calls and tool calls."
-)
-_token_usage = _meter.create_histogram(
-    names.GEN_AI_CLIENT_TOKEN_USAGE,
-    unit="{token}",
-    description="Tokens per model call, when the provider says.",
-)
+if TYPE_CHECKING:
+    from opentelemetry import metrics, trace
+
+
+class _Instruments:
+    """The tracer and the meters, made at the first use while telemetry is on: the API is imported
+    then, so a host that exports nothing never loads it."""
+
+    def __init__(self) -> None:
+        from opentelemetry import metrics, trace
+
+        self.trace = trace
+        self.tracer = trace.get_tracer(names.INSTRUMENTATION)
+        meter = metrics.get_meter(names.INSTRUMENTATION)
+        self.turns = meter.create_counter(names.TURNS, unit="{turn}", description="Turns run, by outcome.")
+        self.append_duration = meter.create_histogram(
+            names.JOURNAL_APPEND_DURATION, unit="s", description="Latency of durable journal appends."
+        )
+        self.operation_duration = meter.create_histogram(
+            names.GEN_AI_CLIENT_OPERATION_DURATION,
+            unit="s",
+            description="Duration of model calls and tool calls.",
+        )
+        self.token_usage = meter.create_histogram(
+            names.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit="{token}",
+            description="Tokens per model call, when the provider says.",
+        )
+
+
+@functools.cache
+def _otel() -> _Instruments:
+    return _Instruments()
+
 
 COMPLETED = "completed"
 PARKED = "parked"
@@ -78,6 +96,7 @@ def traced_turn(
         ) -> _Result:
             if not switch.enabled():
                 return await drive(self, uid, resolved, start, *args, **kwargs)
+            otel = _otel()
             attributes = {
                 names.GEN_AI_OPERATION_NAME: names.INVOKE_AGENT,
                 names.GEN_AI_AGENT_NAME: resolved.name,
@@ -85,7 +104,7 @@ def traced_turn(
                 names.SESSION: uid,
                 names.EXECUTION_ID: start.execution_id,
             }
-            with _tracer.start_as_current_span(
+            with otel.tracer.start_as_current_span(
                 f"{names.INVOKE_AGENT} {resolved.name}",
                 attributes=attributes,
                 record_exception=False,
@@ -101,11 +120,11 @@ def traced_turn(
                         outcome = CANCELLED
                     else:
                         span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-                        span.set_status(trace.Status(trace.StatusCode.ERROR))
+                        span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
                     raise
                 finally:
                     span.set_attribute(names.TURN_OUTCOME, outcome)
-                    _turns.add(1, {names.TURN_OUTCOME: outcome, names.GEN_AI_AGENT_NAME: resolved.name})
+                    otel.turns.add(1, {names.TURN_OUTCOME: outcome, names.GEN_AI_AGENT_NAME: resolved.name})
 
         return traced
 
@@ -115,11 +134,11 @@ def traced_turn(
 class AppendSpan:
     """What a journal append reports back to its span: the records it wrote."""
 
-    def __init__(self, span: trace.Span) -> None:
-        self._span = span
+    def __init__(self, span: trace.Span | None) -> None:
+        self._span = span  # None: nothing records
 
     def wrote(self, records: list[common_pb2.LogRecord]) -> None:
-        if records:
+        if records and self._span is not None:
             self._span.set_attribute(names.JOURNAL_LAST_SEQ, records[-1].seq)
 
 
@@ -127,7 +146,7 @@ class _Untraced(contextlib.AbstractContextManager[AppendSpan]):
     """``journal_append`` while telemetry is off: nothing to record."""
 
     def __init__(self) -> None:
-        self._span = AppendSpan(trace.INVALID_SPAN)
+        self._span = AppendSpan(None)
 
     def __enter__(self) -> AppendSpan:
         return self._span
@@ -149,7 +168,7 @@ def journal_append(uid: str, count: int) -> contextlib.AbstractContextManager[Ap
 @contextlib.contextmanager
 def _traced_append(uid: str, count: int) -> Iterator[AppendSpan]:
     attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
-    with _timed_span("journal.append", _append_duration, {}, span_attributes=attributes) as span:
+    with _timed_span("journal.append", _otel().append_duration, {}, span_attributes=attributes) as span:
         yield AppendSpan(span)
 
 
@@ -160,14 +179,16 @@ def _timed_span(
     measured: dict[str, str | int],
     *,
     span_attributes: dict[str, str | int] | None = None,
-    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    kind: trace.SpanKind | None = None,
 ) -> Iterator[trace.Span]:
-    """A span whose failure is marked with its error type (never its message) and whose duration
-    is recorded on ``duration`` with the ``measured`` attributes (plus the error type)."""
+    """A span (INTERNAL unless ``kind`` says) whose failure is marked with its error type (never its
+    message) and whose duration is recorded on ``duration`` with the ``measured`` attributes (plus
+    the error type)."""
+    otel = _otel()
     started = time.perf_counter()
-    with _tracer.start_as_current_span(
+    with otel.tracer.start_as_current_span(
         name,
-        kind=kind,
+        kind=otel.trace.SpanKind.INTERNAL if kind is None else kind,
         attributes=span_attributes if span_attributes is not None else measured,
         record_exception=False,
         set_status_on_exception=False,
@@ -177,7 +198,7 @@ def _timed_span(
         except BaseException as exc:
             measured[names.ERROR_TYPE] = type(exc).__name__
             span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-            span.set_status(trace.Status(trace.StatusCode.ERROR))
+            span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
             raise
         finally:
             duration.record(time.perf_counter() - started, measured)
@@ -204,14 +225,15 @@ class TracedModel:
         if model:
             attributes[names.GEN_AI_REQUEST_MODEL] = model
         name = f"{names.CHAT} {model}".strip()
-        with _timed_span(name, _operation_duration, attributes, kind=trace.SpanKind.CLIENT) as span:
+        otel = _otel()
+        with _timed_span(name, otel.operation_duration, attributes, kind=otel.trace.SpanKind.CLIENT) as span:
             result = await self._provider.complete(call, on_delta)
             if result.HasField("usage"):
                 usage = result.usage
                 span.set_attribute(names.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
                 span.set_attribute(names.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
                 for kind, tokens in (("input", usage.input_tokens), ("output", usage.output_tokens)):
-                    _token_usage.record(tokens, {**attributes, names.GEN_AI_TOKEN_TYPE: kind})
+                    otel.token_usage.record(tokens, {**attributes, names.GEN_AI_TOKEN_TYPE: kind})
             return result
 
 
@@ -240,7 +262,7 @@ class TracedTools:
         }
         spanned = {**attributes, names.GEN_AI_TOOL_CALL_ID: call.id, names.SESSION: session_uid}
         name = f"{names.EXECUTE_TOOL} {call.tool}"
-        with _timed_span(name, _operation_duration, attributes, span_attributes=spanned) as span:
+        with _timed_span(name, _otel().operation_duration, attributes, span_attributes=spanned) as span:
             result = await self._tools.execute(session_uid, call)
             span.set_attribute(names.TOOL_IS_ERROR, result.is_error)
             return result

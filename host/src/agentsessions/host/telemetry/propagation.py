@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from opentelemetry import propagate
-
 from agentsessions.host.telemetry import switch
 
 
@@ -12,6 +10,8 @@ def outgoing_metadata() -> tuple[tuple[str, str], ...]:
     """The current trace context as gRPC metadata pairs (empty when nothing is being traced)."""
     if not switch.enabled():
         return ()  # nothing records, so there is no context to hand on
+    from opentelemetry import propagate
+
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return tuple(carrier.items())

@@ -15,8 +15,6 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from opentelemetry import metrics, trace
-
 from agentsessions.host.telemetry import switch
 
 if TYPE_CHECKING:
@@ -92,8 +90,12 @@ def install(kind: str, stream: TextIO | None = None) -> Installed:
     """Build the providers for ``kind`` and make them the process's global providers."""
     installed = build(kind, stream)
     if installed.tracer_provider is not None:
+        from opentelemetry import trace
+
         trace.set_tracer_provider(installed.tracer_provider)
     if installed.meter_provider is not None:
+        from opentelemetry import metrics
+
         metrics.set_meter_provider(installed.meter_provider)
     switch.refresh()
     return installed
