@@ -16,6 +16,7 @@ repeated after a crash and finds what the previous attempt made instead of makin
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -75,6 +76,8 @@ DEPTH_LABEL: Final = "agentsessions.io/subagent-depth"
 # Scans between reads of every child row (start-up reads them first): a parent another host left
 # waiting is found within about this many seconds.
 ADOPT_EVERY: Final = 60
+# Sessions whose link (a child's, or none) the end of a turn remembers.
+LINKS_KEPT: Final = 10_000
 # Every APPROVAL_REQUEST of a task call starts with this; the host's decisions are made by this actor.
 WAIT_REASON: Final = "subagent"
 # The reason of the host's decision when the child settled (any other reason: why the call failed).
@@ -250,6 +253,9 @@ class Subagents:
         self._looking: set[asyncio.Task[None]] = set()
         self._kick = asyncio.Event()
         self.children_started = 0  # child turns this host submitted
+        # Each session's link, as its row says (labels never change and uids are never reused), so
+        # the end of a turn costs no row read after the session's first: the most recent LINKS_KEPT.
+        self._links: collections.OrderedDict[str, Link | None] = collections.OrderedDict()
 
     # -- the host's lifetime ---------------------------------------------------------------------
 
@@ -351,6 +357,11 @@ class Subagents:
 
     def ended(self, uid: str) -> None:
         """A turn ended on this host (its lease went): if it was a child's, look at its parent now."""
+        links = self._links
+        if uid in links:
+            links.move_to_end(uid)
+            self._wake_parent(links[uid])
+            return
         task = asyncio.get_running_loop().create_task(self._child_ended(uid))
         self._looking.add(task)
         task.add_done_callback(self._looking.discard)
@@ -358,10 +369,18 @@ class Subagents:
     async def _child_ended(self, uid: str) -> None:
         with contextlib.suppress(StoreError):
             row = await self.core.store.get_session(uid)
-            link = link_of(row) if row is not None else None
-            if link is not None:
-                self._waiting.add(link.parent)
-                self._kick.set()
+            if row is None:
+                return  # deleted: it wakes nobody
+            link = link_of(row)
+            self._links[uid] = link
+            while len(self._links) > LINKS_KEPT:
+                self._links.popitem(last=False)
+            self._wake_parent(link)
+
+    def _wake_parent(self, link: Link | None) -> None:
+        if link is not None:
+            self._waiting.add(link.parent)
+            self._kick.set()
 
     # -- the gate (ExecutionSink) ------------------------------------------------------------------
 
