@@ -33,6 +33,12 @@ class CountingStore(MemoryStore):
         return await super().get_session(uid)
 
 
+def _subagents(store: CountingStore) -> Subagents:
+    """The part under test, over a core that has only the store (all that ``ended`` uses)."""
+    core = cast(Core, SimpleNamespace(store=store))
+    return Subagents(core, cast(Submitter, None), SubagentSettings(), cast(CallContext, None), lambda: None)
+
+
 async def _ended(subagents: Subagents, uid: str) -> None:
     subagents.ended(uid)
     await asyncio.gather(*subagents._looking)  # the look at the row, when one was needed
@@ -43,10 +49,7 @@ async def test_a_childs_parent_is_woken_at_every_end_with_one_row_read() -> None
     labels = {PARENT_LABEL: "sess-parent", EXECUTION_LABEL: "00000000000000e1", CALL_LABEL: "call-1"}
     await store.create_session(SessionRow(uid="sess-child", project="p", labels=labels))
     await store.create_session(SessionRow(uid="sess-plain", project="p"))
-    core = cast(Core, SimpleNamespace(store=store))
-    subagents = Subagents(
-        core, cast(Submitter, None), SubagentSettings(), cast(CallContext, None), lambda: None
-    )
+    subagents = _subagents(store)
 
     for _ in range(3):
         await _ended(subagents, "sess-plain")
@@ -65,3 +68,13 @@ async def test_a_childs_parent_is_woken_at_every_end_with_one_row_read() -> None
     await _ended(subagents, "sess-gone")
     assert subagents._waiting == {"sess-parent"}
     assert store.rows_read["sess-gone"] == 2  # a missing row is not remembered
+
+
+async def test_a_turn_that_ends_after_the_close_starts_no_look() -> None:
+    store = CountingStore()
+    await store.create_session(SessionRow(uid="sess-plain", project="p"))
+    subagents = _subagents(store)
+    await subagents.close()
+    subagents.ended("sess-plain")
+    assert not subagents._looking
+    assert store.rows_read == Counter()

@@ -256,6 +256,7 @@ class Subagents:
         # Each session's link, as its row says (labels never change and uids are never reused), so
         # the end of a turn costs no row read after the session's first: the most recent LINKS_KEPT.
         self._links: collections.OrderedDict[str, Link | None] = collections.OrderedDict()
+        self._closed = False
 
     # -- the host's lifetime ---------------------------------------------------------------------
 
@@ -265,6 +266,7 @@ class Subagents:
         self._task = asyncio.get_running_loop().create_task(self._keep())
 
     async def close(self) -> None:
+        self._closed = True  # a turn that ends during the drain starts no look after this
         await cancelled((self._task, *self._looking))
         self._task = None
 
@@ -357,6 +359,8 @@ class Subagents:
 
     def ended(self, uid: str) -> None:
         """A turn ended on this host (its lease went): if it was a child's, look at its parent now."""
+        if self._closed:
+            return  # the host is stopping: the next start's scan finds a parent left waiting
         links = self._links
         if uid in links:
             links.move_to_end(uid)
