@@ -68,3 +68,13 @@ async def test_the_recovery_scan_goes_on_after_a_scan_fails_unexpectedly(
         async with asyncio.timeout(WAIT_S):
             await scan.reached.wait()
     assert any(r.message == "recovery scan failed" and r.exc_info for r in caplog.records)
+
+
+async def test_a_turn_that_ends_after_the_queue_closed_advances_nothing(host: LiveHost) -> None:
+    """A turn ending during the drain starts no queue advance after the queue's close (the task
+    outlived close): queued turns stay queued for the next start."""
+    live = host.controller.live
+    assert live is not None
+    await live.queue.close()
+    live.queue.kick("sess-anything")
+    assert not live.queue._advancing

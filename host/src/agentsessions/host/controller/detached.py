@@ -238,9 +238,12 @@ class TurnQueue:
         self.interrupting: set[str] = set()  # sessions an INTERRUPT holds: nothing queued starts
         self._advancing: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
+        self._closed = False
 
     def kick(self, uid: str) -> None:
         """The session may be free: start its next queued turn, if it has one."""
+        if self._closed:
+            return  # the host is stopping: queued turns stay queued for the next start
         if uid in self._advancing:
             self._again.add(uid)
             return
@@ -255,6 +258,7 @@ class TurnQueue:
             self.kick(uid)
 
     async def close(self) -> None:
+        self._closed = True  # a turn that ends during the drain advances no queue after this
         await cancelled(list(self._advancing.values()))
 
     async def _advance(self, uid: str) -> None:
