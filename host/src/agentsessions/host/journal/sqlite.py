@@ -4,10 +4,11 @@ Connections each used only on a thread of its own: the writer, a reader for row 
 turn makes one), pagers for pages of sessions (so a ListSessions neither waits behind the turns'
 lookups nor holds them up; a few, as listers often page at once), a records reader for ranges of
 records (so a long Replay never holds up either), and a scanner for ``verify`` (one consistent
-snapshot per verify, without holding up the readers), all in WAL mode. Each batch of the engine's
-group commit is one ``BEGIN IMMEDIATE`` transaction run start to finish on the writer's thread in
-one trip, so one fsync makes a whole batch of appends, across sessions, durable, and the event
-loop hands off once per batch.
+snapshot per verify, without holding up the readers), all in WAL mode; and one used on the event
+loop's own thread, for pages of sessions, that never waits for a lock (a page that finds the file
+locked goes to a pager). Each batch of the engine's group commit is one ``BEGIN IMMEDIATE``
+transaction run start to finish on the writer's thread in one trip, so one fsync makes a whole
+batch of appends, across sessions, durable, and the event loop hands off once per batch.
 
 The write lock makes several stores (or processes) on one file single-writer safe. The writer
 keeps the heads it wrote or read in the engine's head cache, so an append to a session it owns
