@@ -707,14 +707,15 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
         threads.append(threading.current_thread().name)
         if db is here.db:  # the loop's own connection never waits for a lock: SQLite says busy
             busy = sqlite3.OperationalError("database is locked")
-            busy.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+            busy.sqlite_errorcode = sqlite3.SQLITE_BUSY
             raise busy
         return listed(db, *args)
 
     monkeypatch.setattr(sqlite_store, "_list_rows", locked_here)
     rows, _ = await store.list_sessions("p", 100, "")
     assert [r.uid for r in rows] == ["s"] and dialect.pages_here == 0
-    assert threads[0] == threading.current_thread().name and threads[1].startswith("agentsessions-sqlite-pager")
+    assert threads[0] == threading.current_thread().name  # tried here first
+    assert threads[1].startswith("agentsessions-sqlite-pager")  # then on a pager's thread
 
     def broken(db: sqlite3.Connection, *args: Any) -> Any:
         raise sqlite3.OperationalError("no such table: sessions")
