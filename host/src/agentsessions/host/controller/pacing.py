@@ -13,12 +13,15 @@ The budget is of time, not of records: each step such a call takes on the loop (
 its task resumes until it suspends again, gRPC's own work for each message included, see
 ``LoopBudget.timed``) is measured and charged, so the share holds on a fast machine and on a slow
 one alike, whatever a record costs there. (A fixed 2,000 records a second, the rule before it, was
-about 7% of the loop on a fast evening and far more on a slow one.)
+about 7% of the loop on a fast evening and far more on a slow one.) The charge is wall time: it
+counts a step's waits for the GIL and the time the machine preempts the loop in it, so a busy
+machine gives readers fewer records for the same share (56-111 us charged a record where the loop
+thread's CPU was 44-66 us, bench/README.md).
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
-replay, and a page has a latency goal a budget shared with long replays would not keep); 20 listers
-paging back to back made 260 pages of 100 a second, ~40% of a loaded loop.
+replay, and a page has a latency goal, so it never waits on the replays' share); 20 listers paging
+back to back made 260 pages of 100 a second, ~40% of a loaded loop.
 
 Congested means the loop runs callbacks late: a timer set every ``PROBE_S`` fires, on average over
 the last ``PROBES``, more than ``CONGESTED_LAG_S`` after its time, and stays so until that average
