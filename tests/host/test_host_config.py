@@ -220,10 +220,10 @@ def test_limits_have_defaults_flags_and_variables() -> None:
     )
     assert (given.limits.max_input_bytes, given.limits.max_executions) == (2048, 8)
     assert given.limits.max_project_executions == 4
-    assert config.limits.max_read_records_per_s == 2000
-    assert resolve(["--max-read-records-per-s", "0"]).limits.max_read_records_per_s == 0  # never paced
-    paced = resolve([], {"AGENTSESSIONS_MAX_READ_RECORDS_PER_S": "500"})
-    assert paced.limits.max_read_records_per_s == 500
+    assert config.limits.max_read_loop_percent == 5
+    assert resolve(["--max-read-loop-percent", "0"]).limits.max_read_loop_percent == 0  # never paced
+    paced = resolve([], {"AGENTSESSIONS_MAX_READ_LOOP_PERCENT": "12"})
+    assert paced.limits.max_read_loop_percent == 12
     assert config.limits.max_listed_sessions_per_s == 10_000
     assert resolve(["--max-listed-sessions-per-s", "0"]).limits.max_listed_sessions_per_s == 0
 
@@ -235,7 +235,8 @@ def test_limits_have_defaults_flags_and_variables() -> None:
         (["--max-input-bytes", "2000", "--max-record-bytes", "1000"], "must not exceed --max-record-bytes"),
         (["--max-executions", "2", "--max-project-executions", "3"], "must not exceed --max-executions 2"),
         (["--max-identity-bytes", "0"], "--max-identity-bytes 0 must be at least 1"),
-        (["--max-read-records-per-s", "-1"], "--max-read-records-per-s -1 must be at least 0"),
+        (["--max-read-loop-percent", "-1"], "--max-read-loop-percent -1 must be at least 0"),
+        (["--max-read-loop-percent", "101"], "--max-read-loop-percent 101 must be at most 100"),
         (["--max-executions", "many"], "--max-executions 'many' is not an integer"),
     ],
 )

@@ -1,5 +1,5 @@
-"""Reads yield to turns under load (controller/pacing.py): the pacer's rule, the loop probe, and
-Replay and Watch streaming through it."""
+"""Reads yield to turns under load (controller/pacing.py): the readers' budget of the event loop,
+the listing's rate, the loop probe, and Replay, Watch and ListSessions going through them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentsessions.host.controller import pacing, watch
-from agentsessions.host.controller.pacing import LagProbe, ReadPacer
+from agentsessions.host.controller.pacing import LagProbe, LoopBudget, ReadPacer
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2, session_pb2
@@ -18,13 +18,19 @@ from tests.support.host import HostUnderTest, running_host, text_input
 
 
 class Fakes:
-    """A clock that moves only when told, a sleep that records, and the two conditions."""
+    """A clock that moves only when told (or by ``tick`` at every look), a sleep that records,
+    and the two conditions."""
 
     def __init__(self) -> None:
         self.now = 100.0
+        self.tick = 0.0
         self.slept: list[float] = []
         self.running = 1
         self.congested = True
+
+    def clock(self) -> float:
+        self.now += self.tick
+        return self.now
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(round(seconds, 6))
@@ -35,13 +41,159 @@ class Fakes:
             rate,
             (lambda: self.running) if counted_here else None,
             congested=lambda: self.congested,
-            clock=lambda: self.now,
+            clock=self.clock,
+            sleep=self.sleep,
+            burst_s=burst_s,
+        )
+
+    def budget(self, share: float, burst_s: float = 0.0, *, counted_here: bool = True) -> LoopBudget:
+        return LoopBudget(
+            share,
+            (lambda: self.running) if counted_here else None,
+            congested=lambda: self.congested,
+            clock=self.clock,
             sleep=self.sleep,
             burst_s=burst_s,
         )
 
 
-async def test_reads_are_paced_only_while_turns_run_on_a_congested_loop() -> None:
+# -- the readers' budget of the loop -------------------------------------------------------------
+
+
+async def test_reads_wait_for_their_share_only_while_turns_run_on_a_congested_loop() -> None:
+    f = Fakes()
+    budget = f.budget(0.1)
+    for running, congested in ((0, True), (1, False), (0, False)):
+        f.running, f.congested = running, congested
+        for _ in range(3):
+            budget.spend(0.005)
+            await budget.take()
+    assert f.slept == [] and budget.paced == 0
+    f.running, f.congested = 3, True
+    await budget.take()  # unpaced until now: at most a burst (here none) was carried over
+    budget.spend(0.005)  # 5 ms of the loop at 10%: the readers owe 50 ms
+    await budget.take()
+    budget.spend(0.002)
+    f.now += 0.010  # 10 ms pass while the reader is elsewhere
+    await budget.take()
+    assert f.slept == [0.05, 0.06] and budget.paced == 2
+    assert budget.spent == pytest.approx(0.052)
+
+
+async def test_the_share_is_of_time_whatever_a_record_costs() -> None:
+    # The same records, cheap on one machine and dear on another: the dear ones wait longer.
+    waits: list[list[float]] = []
+    for cost in (0.00002, 0.00008):
+        f = Fakes()
+        budget = f.budget(0.05)
+        for _ in range(4):
+            await budget.take()
+            for _ in range(pacing.CHUNK):
+                budget.spend(cost)
+        waits.append(f.slept)
+    assert waits == [[0.01, 0.02, 0.03], [0.04, 0.08, 0.12]]
+
+
+async def test_a_burst_passes_at_once_and_the_share_holds_after_it() -> None:
+    f = Fakes()
+    budget = f.budget(0.1, burst_s=0.5)
+    for _ in range(6):
+        await budget.take()
+        budget.spend(0.01)  # 0.1 s worth each: what fits in the burst goes at once
+    await budget.take()
+    assert f.slept == [0.1] and budget.paced == 1
+    f.now += 2.0  # quiet for longer than the burst: the credit is a burst again, no more
+    for _ in range(7):
+        await budget.take()
+        budget.spend(0.01)
+    assert f.slept == [0.1, 0.1]
+
+
+async def test_relief_keeps_at_most_a_burst_of_what_the_readers_owe() -> None:
+    f = Fakes()
+    budget = f.budget(0.1, burst_s=0.5)
+    await budget.take()
+    budget.spend(0.3)  # 3 s owed
+    f.congested = False
+    await budget.take()  # relieved for a moment: unpaced, and 0.5 s of the debt is kept
+    f.congested = True
+    await budget.take()
+    assert f.slept == []  # owes exactly a burst: no wait yet
+    budget.spend(0.01)
+    await budget.take()
+    assert f.slept == [0.1]  # as if the burst had been spent, not granted afresh
+
+
+async def test_a_share_of_zero_never_paces_but_still_counts() -> None:
+    f = Fakes()
+    budget = f.budget(0.0)
+    for _ in range(5):
+        await budget.take()
+        budget.spend(1.0)
+    assert f.slept == [] and budget.paced == 0 and budget.spent == 5.0
+
+
+async def test_timed_charges_the_steps_on_the_loop_not_the_waits_between_them() -> None:
+    f = Fakes()
+    budget = f.budget(0.1)
+    go = asyncio.Event()
+
+    async def read() -> str:
+        f.now += 0.002  # a step's own work
+        await go.wait()
+        f.now += 0.003
+        return "read"
+
+    async def call() -> str:
+        return await budget.timed(read())
+
+    task = asyncio.create_task(call())
+    await asyncio.sleep(0)
+    assert budget.spent == pytest.approx(0.002) and not task.done()
+    f.now += 10.0  # the read waits: no loop time of its own
+    go.set()
+    assert await task == "read"
+    assert budget.spent == pytest.approx(0.005)
+
+
+async def test_timed_hands_cancels_and_errors_through_and_charges_the_cleanup() -> None:
+    f = Fakes()
+    budget = f.budget(0.1)
+    parked = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def read() -> None:
+        try:
+            parked.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            f.now += 0.004
+            cleaned.append("cancelled")
+            raise
+
+    async def call() -> None:
+        await budget.timed(read())
+
+    task = asyncio.create_task(call())
+    await parked.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["cancelled"] and budget.spent == pytest.approx(0.004)
+
+    async def fails() -> None:
+        f.now += 0.001
+        raise ValueError("bad page")
+
+    with pytest.raises(ValueError, match="bad page"):
+        await budget.timed(fails())
+    assert budget.spent == pytest.approx(0.005)
+
+
+# -- the listing's rate ----------------------------------------------------------------------------
+
+
+async def test_listing_is_paced_only_while_turns_run_on_a_congested_loop() -> None:
     f = Fakes()
     pacer = f.pacer(1000)
     for running, congested in ((0, True), (1, False), (0, False)):
@@ -96,7 +248,7 @@ async def test_a_congestion_that_comes_and_goes_grants_no_credit_the_clock_did_n
     assert f.slept == [0.1]  # as if it had never been relieved
 
 
-async def test_a_rate_of_zero_never_paces() -> None:
+async def test_a_listing_rate_of_zero_never_paces() -> None:
     f = Fakes()
     pacer = f.pacer(0)
     for _ in range(5):
@@ -140,7 +292,7 @@ def fakes() -> Fakes:
 
 @pytest.fixture
 async def host(fakes: Fakes) -> AsyncIterator[HostUnderTest]:
-    async with running_host(MemoryStore(), read_pacer=fakes.pacer(1000, counted_here=False)) as h:
+    async with running_host(MemoryStore(), read_budget=fakes.budget(0.01, counted_here=False)) as h:
         yield h
 
 
@@ -153,26 +305,32 @@ async def _long_session(host: HostUnderTest) -> str:
     return row.uid
 
 
-async def test_replay_streams_every_record_paced_while_an_execution_runs(
+async def test_a_replay_is_charged_its_loop_time_and_paced_while_an_execution_runs(
     host: HostUnderTest, fakes: Fakes
 ) -> None:
     uid = await _long_session(host)
+    budget = host.controller._core.reads
+    fakes.tick = 0.001  # every look at the clock finds a millisecond gone: every step costs
     unpaced = [r.seq async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
-    assert unpaced == list(range(1, RECORDS + 1)) and fakes.slept == []  # no execution runs
+    assert unpaced == list(range(1, RECORDS + 1))
+    assert fakes.slept == [] and budget.spent > 0  # charged, but no execution runs: never held
     with host.controller._core.slots.hold("default"):
         paced = [r.seq async for r in host.sessions.Replay(session_pb2.ReplayRequest(session=uid))]
     assert paced == unpaced
-    # Chunks of 100 at 1,000 records/s: the 2nd, 3rd and 4th waited 0.1, 0.2 and 0.3 s.
-    assert fakes.slept == [0.1, 0.2, 0.3]
+    assert fakes.slept and len(fakes.slept) == budget.paced  # at 1%, a look found it owing
 
 
-async def test_a_watch_catching_up_is_paced_as_a_replay_is(host: HostUnderTest, fakes: Fakes) -> None:
+async def test_a_watch_catching_up_looks_at_the_budget_as_a_replay_does(
+    host: HostUnderTest, fakes: Fakes
+) -> None:
     uid = await _long_session(host)
+    budget = host.controller._core.reads
+    budget.spend(0.01)  # the readers owe a second at 1%
     with host.controller._core.slots.hold("default"):
         seqs = [r.seq async for r in watch._pages(host.controller._core, uid, 1)]
     assert seqs == list(range(1, RECORDS + 1))
-    # Chunks of 100 within pages of 256: 100, 100, 56, then 94; each waits for those before it.
-    assert watch.PAGE == 256 and fakes.slept == [0.1, 0.2, 0.256]
+    # A look every 25 records within pages of 256: 11 in the first page, 4 in the 94 left.
+    assert watch.PAGE == 256 and pacing.CHUNK == 25 and fakes.slept == [1.0] * 15
 
 
 async def test_listing_is_paced_by_sessions_listed_while_an_execution_runs(fakes: Fakes) -> None:

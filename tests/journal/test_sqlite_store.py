@@ -671,6 +671,60 @@ async def test_a_page_of_sessions_goes_to_a_pager_with_nothing_waiting(store: Sq
     assert await holding is True
 
 
+async def test_a_page_of_sessions_is_served_on_the_loops_thread_while_every_pager_is_held(
+    store: SqliteStore,
+) -> None:
+    # Under load a pager's job waits for the GIL and its answer waits in the loop's queue: a page
+    # is read right here, so it is served even with every other connection's thread held.
+    for i in range(3):
+        await store.create_session(SessionRow(uid=f"s{i}", project="p", create_time_ns=i + 1))
+    dialect = store._sqlite
+    release = threading.Event()
+    held = [c.run(lambda db: release.wait(30)) for c in (*dialect._pagers, dialect._reader)]
+    holding = [asyncio.ensure_future(h) for h in held]
+    try:
+        rows, token = await asyncio.wait_for(store.list_sessions("p", 2, ""), timeout=10)
+        assert [r.uid for r in rows] == ["s2", "s1"]
+        more, last = await asyncio.wait_for(store.list_sessions("p", 2, token), timeout=10)
+        assert [r.uid for r in more] == ["s0"] and last == ""
+        assert dialect.pages_here == 2
+    finally:
+        release.set()
+    assert all([await h for h in holding])
+
+
+async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.create_session(SessionRow(uid="s", project="p", create_time_ns=1))
+    dialect = store._sqlite
+    here = dialect._pages_here
+    assert here is not None
+    listed = sqlite_store._list_rows
+    threads: list[str] = []
+
+    def locked_here(db: sqlite3.Connection, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if db is here.db:  # the loop's own connection never waits for a lock: SQLite says busy
+            busy = sqlite3.OperationalError("database is locked")
+            busy.sqlite_errorcode = sqlite3.SQLITE_BUSY
+            raise busy
+        return listed(db, *args)
+
+    monkeypatch.setattr(sqlite_store, "_list_rows", locked_here)
+    rows, _ = await store.list_sessions("p", 100, "")
+    assert [r.uid for r in rows] == ["s"] and dialect.pages_here == 0
+    assert threads[0] == threading.current_thread().name  # tried here first
+    assert threads[1].startswith("agentsessions-sqlite-pager")  # then on a pager's thread
+
+    def broken(db: sqlite3.Connection, *args: Any) -> Any:
+        raise sqlite3.OperationalError("no such table: sessions")
+
+    monkeypatch.setattr(sqlite_store, "_list_rows", broken)
+    with pytest.raises(StoreError, match="list sessions failed: no such table"):
+        await store.list_sessions("p", 100, "")
+
+
 # -- work on the event loop's thread while the host is quiet --------------------------------------
 
 

@@ -10,8 +10,9 @@ every answer readable by a client on gRPC's default 4 MiB message size:
   and an ERROR record, and nothing a default client cannot read back is ever journaled;
 * ``--max-executions`` / ``--max-project-executions``: turns driven at once on this host, in all
   and per project; one more is refused with RESOURCE_EXHAUSTED before anything is written;
-* ``--max-read-records-per-s``: journal records Replay and Watch stream, all callers together,
-  while executions run and the event loop is congested (``controller/pacing.py``); 0 never paces;
+* ``--max-read-loop-percent``: the share of the event loop's time the calls streaming journal
+  records (Replay, Watch) may take, all callers together, while executions run and the loop is
+  congested (``controller/pacing.py``); 0 never paces;
 * ``--max-listed-sessions-per-s``: sessions ListSessions pages hold, all callers together, under
   the same conditions; 0 never paces.
 
@@ -70,10 +71,10 @@ _FLAGS: Final = (
         "--max-project-executions", "max_project_executions", 256, "executions running at once per project"
     ),
     _Flag(
-        "--max-read-records-per-s",
-        "max_read_records_per_s",
-        2000,
-        "records streamed by Replay and Watch per second while turns load the host (0: no limit)",
+        "--max-read-loop-percent",
+        "max_read_loop_percent",
+        5,
+        "percent of the event loop's time Replay and Watch may take while turns load the host (0: no limit)",
     ),
     _Flag(
         "--max-listed-sessions-per-s",
@@ -83,7 +84,7 @@ _FLAGS: Final = (
     ),
 )
 # Limits that may be 0 (switched off).
-_MAY_BE_ZERO: Final = frozenset({"max_read_records_per_s", "max_listed_sessions_per_s"})
+_MAY_BE_ZERO: Final = frozenset({"max_read_loop_percent", "max_listed_sessions_per_s"})
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Limits:
     max_record_bytes: int = MAX_READABLE_BYTES
     max_executions: int = 512
     max_project_executions: int = 256
-    max_read_records_per_s: int = 2000
+    max_read_loop_percent: int = 5
     max_listed_sessions_per_s: int = 10_000
 
     def __post_init__(self) -> None:
@@ -121,6 +122,8 @@ class Limits:
                 f"--max-project-executions {self.max_project_executions} must not exceed "
                 f"--max-executions {self.max_executions}"
             )
+        if self.max_read_loop_percent > 100:
+            raise LimitsError(f"--max-read-loop-percent {self.max_read_loop_percent} must be at most 100")
 
     @classmethod
     def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Limits:

@@ -11,7 +11,8 @@ and tools; not gRPC.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
 from agentsessions.host.controller import (
@@ -39,7 +40,7 @@ from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
 from agentsessions.host.controller.leases import LeasedDriver, LeaseKeeper, LeaseSettings
 from agentsessions.host.controller.live import AdmittedTurn, LiveSessions, LiveSettings
-from agentsessions.host.controller.pacing import LagProbe, ReadPacer
+from agentsessions.host.controller.pacing import LagProbe, LoopBudget, ReadPacer
 from agentsessions.host.controller.replay import ReplayReport
 from agentsessions.host.controller.results import DEFAULT_CORRECTIONS, Settler
 from agentsessions.host.controller.sinks import SinkFactory
@@ -59,6 +60,8 @@ from agentsessions.host.journal.store import (
 from agentsessions.host.limits import DEFAULT_LIMITS, ExecutionSlots, Limits
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.v1 import common_pb2, session_pb2
+
+_T = TypeVar("_T")
 
 
 class Controller:
@@ -83,7 +86,7 @@ class Controller:
         live: LiveSettings | None = None,
         result_corrections: int = DEFAULT_CORRECTIONS,
         compaction: CompactionSettings | None = None,
-        read_pacer: ReadPacer | None = None,
+        read_budget: LoopBudget | None = None,
         list_pacer: ReadPacer | None = None,
     ) -> None:
         self.store = store
@@ -112,10 +115,10 @@ class Controller:
             )
         slots = ExecutionSlots(self.limits)
         congested = LagProbe().congested  # one probe of the loop for both pacers
-        reads = read_pacer or ReadPacer(self.limits.max_read_records_per_s, congested=congested)
+        reads = read_budget or LoopBudget(self.limits.max_read_loop_percent / 100, congested=congested)
         listing = list_pacer or ReadPacer(self.limits.max_listed_sessions_per_s, congested=congested)
-        for pacer in (reads, listing):
-            pacer.counts(lambda: slots.running)
+        reads.counts(lambda: slots.running)
+        listing.counts(lambda: slots.running)
         # At most one execution running: nothing else waits on the loop while a commit holds it.
         store.work_inline_while(lambda: slots.running <= 1)
         self._core = Core(
@@ -242,6 +245,11 @@ class Controller:
     ) -> AsyncIterator[common_pb2.LogRecord]:
         """The session's stored records ``from_seq..to_seq`` (0: to the head), verbatim."""
         return replay.records(self._core, call, uid, from_seq, to_seq)
+
+    def reading(self, work: Coroutine[Any, Any, _T]) -> Awaitable[_T]:
+        """``work``, a call that streams records (Replay, Watch), with the time it takes on the
+        event loop charged to the readers' share of it (pacing.py)."""
+        return self._core.reads.timed(work)
 
     # -- fork, approvals, cancel ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from agentsessions.host.controller.drive import Driver
 from agentsessions.host.controller.guard import SessionGuards
 from agentsessions.host.controller.harnesses import HarnessCatalog
 from agentsessions.host.controller.journal_cache import JournalCache
-from agentsessions.host.controller.pacing import ReadPacer
+from agentsessions.host.controller.pacing import LoopBudget, ReadPacer
 from agentsessions.host.controller.results import DEFAULT_CORRECTIONS
 from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.writer import JournalWriter
@@ -47,7 +47,7 @@ class Core:
     cancel_grace_s: float
     limits: Limits  # request, record and concurrency limits (agentsessions.host.limits)
     slots: ExecutionSlots  # executions running on this host, bounded by the limits
-    reads: ReadPacer  # the records Replay and Watch stream yield to turns under load (pacing.py)
+    reads: LoopBudget  # the calls streaming records (Replay, Watch) yield to turns under load (pacing.py)
     listing: ReadPacer  # and so do the sessions ListSessions pages hold
     # How Exec admits a turn: the reference's way, or with leases, keys and queues (admission.py).
     admission: Admission

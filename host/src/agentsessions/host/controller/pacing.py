@@ -1,15 +1,27 @@
-"""Reads yield to turns under load: a pacer for the journal records Replay and Watch stream.
+"""Reads yield to turns under load: a budget of the event loop's time for the reads Replay and
+Watch stream, and a rate for the sessions ListSessions pages hold.
 
-Every record streamed costs the host's event loop about gRPC's per-message cost (30-40 us of CPU
-on the benchmark machine), on the one loop that also drives every turn. Forty callers reading in a
-loop (20 replaying whole journals, 20 paging sessions) took 74% of a loaded host's turns
-(``bench/load.py --think 0``). So while executions run and the loop is congested, the records that
-``Sessions.Replay`` and ``LiveSessions.Watch`` read from the journal are paced to at most
-``--max-read-records-per-s`` (all callers together, first come first served); at any other time they
-stream as fast as their clients read them. The sessions ``ListSessions`` pages hold are paced the
-same way, by a rate of their own (``--max-listed-sessions-per-s``, 10,000 by default: a listed
-session costs the loop about half what a record does, and dashboards page far more often than they
-replay); 20 listers paging back to back made 260 pages of 100 a second, ~40% of a loaded loop.
+Every record streamed costs the host's event loop gRPC's per-message cost (30-40 us of CPU on the
+benchmark machine on a good evening, more when the machine is busy), on the one loop that also
+drives every turn. Forty callers reading in a loop (20 replaying whole journals, 20 paging
+sessions) took 74% of a loaded host's turns (``bench/load.py --think 0``). So while executions run
+and the loop is congested, the calls that stream records (``Sessions.Replay``,
+``LiveSessions.Watch``) may use at most ``--max-read-loop-percent`` of the loop's time, all callers
+together; at any other time they stream as fast as their clients read them.
+
+The budget is of time, not of records: each step such a call takes on the loop (from the moment
+its task resumes until it suspends again, gRPC's own work for each message included, see
+``LoopBudget.timed``) is measured and charged, so the share holds on a fast machine and on a slow
+one alike, whatever a record costs there. (A fixed 2,000 records a second, the rule before it, was
+about 7% of the loop on a fast evening and far more on a slow one.) The charge is wall time: it
+counts a step's waits for the GIL and the time the machine preempts the loop in it, so a busy
+machine gives readers fewer records for the same share (56-111 us charged a record where the loop
+thread's CPU was 44-66 us, bench/README.md).
+
+The sessions ``ListSessions`` pages hold are paced by a rate of their own
+(``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
+replay, and a page has a latency goal, so it never waits on the replays' share); 20 listers paging
+back to back made 260 pages of 100 a second, ~40% of a loaded loop.
 
 Congested means the loop runs callbacks late: a timer set every ``PROBE_S`` fires, on average over
 the last ``PROBES``, more than ``CONGESTED_LAG_S`` after its time, and stays so until that average
@@ -18,9 +30,9 @@ falls below ``RELIEVED_LAG_S``. On the benchmark machine 200 sessions turning ba
 otherwise idle host make it 0.3 ms: reading alone never counts as load. The probe runs only while
 reads ask, and stops a second after the last one.
 
-Pacing follows the generic cell rate rule with a burst of ``BURST_S``: after a quiet spell a
-second's worth goes at once (20 dashboards paging together are not queued behind one another at a
-rate they keep under: without it their ListSessions p99 went from ~100 to 164 ms), and the rate
+Both follow the generic cell rate rule with a burst of ``BURST_S``: after a quiet spell a second's
+worth goes at once (20 dashboards paging together are not queued behind one another at a rate they
+keep under: without it their ListSessions p99 went from ~100 to 164 ms), and the rate or the share
 holds over any longer stretch.
 """
 
@@ -29,8 +41,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Final, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
+from typing import Any, Final, Generic, TypeVar
 
 _T = TypeVar("_T")
 
@@ -39,8 +51,8 @@ PROBES: Final = 10
 CONGESTED_LAG_S: Final = 0.0015
 RELIEVED_LAG_S: Final = 0.0005
 PROBE_IDLE_S: Final = 1.0
-# Records a read asks for at once: the pacing's grain (at 2,000 records/s, 50 ms).
-CHUNK: Final = 100
+# Records a read streams between two looks at the budget: the pacing's grain (~1 ms of the loop).
+CHUNK: Final = 25
 # How far ahead of the rate readers may run after a quiet spell: a second's worth passes at once,
 # so 20 dashboards paging together are not queued behind each other at a rate they stay under.
 BURST_S: Final = 1.0
@@ -87,8 +99,8 @@ class LagProbe:
 
 
 class ReadPacer:
-    """Paces the records reads stream while ``running()`` executions are under way and the loop
-    is congested: at most ``records_per_s`` for all readers together, in order of asking, after a
+    """Paces the sessions pages hold while ``running()`` executions are under way and the loop is
+    congested: at most ``records_per_s`` for all listers together, in order of asking, after a
     burst of ``burst_s`` worth; 0 never paces. The controller that is given a pacer without
     ``running`` counts its own executions."""
 
@@ -133,10 +145,111 @@ class ReadPacer:
             self.paced += records
             await self._sleep(wait)
 
+
+class LoopBudget:
+    """The event loop's time reads may take while ``running()`` executions are under way and the
+    loop is congested: ``share`` of it (0.05: 5%) for all readers together, after a burst of
+    ``burst_s`` worth; 0 never paces. A read charges the time its steps take on the loop
+    (``spend``, or everything ``timed`` measures) and looks at the budget (``take``) between
+    chunks of what it streams; a look that finds the readers ahead of their share waits until they
+    are not. The controller that is given a budget without ``running`` counts its own executions."""
+
+    def __init__(
+        self,
+        share: float,
+        running: Callable[[], int] | None = None,
+        *,
+        congested: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        burst_s: float = BURST_S,
+    ) -> None:
+        self.share = share
+        self.burst_s = burst_s
+        self._running: Callable[[], int] = running or (lambda: 0)
+        self._counted = running is not None
+        self._congested = congested or LagProbe(clock=clock).congested
+        self._clock = clock
+        self._sleep = sleep
+        # When the loop time charged so far has all had its time at the share: the readers are
+        # ahead of their share by this minus now.
+        self._next = 0.0
+        self.spent = 0.0  # loop time charged, in seconds (telemetry, tests)
+        self.paced = 0  # looks at the budget that waited (telemetry, tests)
+
+    def counts(self, running: Callable[[], int]) -> None:
+        """Count running executions with ``running``, unless the budget was made with its own."""
+        if not self._counted:
+            self._running, self._counted = running, True
+
+    def spend(self, seconds: float) -> None:
+        """Charge ``seconds`` of the loop's time, taken by a read."""
+        self.spent += seconds
+        if self.share > 0:
+            self._next = max(self._next, self._clock()) + seconds / self.share
+
+    async def take(self) -> None:
+        """Before streaming more: wait while the readers are ahead of their share, if paced."""
+        if self.share <= 0 or not self._running() or not self._congested():
+            # No waiting carried into the next congestion, and no credit the clock did not grant.
+            self._next = min(self._next, self._clock() + self.burst_s)
+            return
+        wait = self._next - self._clock() - self.burst_s
+        if wait > 0:
+            self.paced += 1
+            await self._sleep(wait)
+
     async def stream(self, items: Sequence[_T]) -> AsyncIterator[_T]:
-        """``items`` one by one, each ``CHUNK`` of them after its ``take``."""
+        """``items`` one by one, each ``CHUNK`` of them after a ``take``."""
         for at in range(0, len(items), CHUNK):
-            chunk = items[at : at + CHUNK]
-            await self.take(len(chunk))
-            for item in chunk:
+            await self.take()
+            for item in items[at : at + CHUNK]:
                 yield item
+
+    def timed(self, work: Coroutine[Any, Any, _T]) -> Awaitable[_T]:
+        """``work``, awaited with every step it takes on the loop charged (``spend``): a read's
+        own code and whatever it awaits without suspending, such as gRPC's serializing and
+        queueing of each message it writes. Not charged: what runs outside the call's task (gRPC's
+        completion callbacks, a journal thread's decoding)."""
+        return _Timed(work, self.spend, self._clock)
+
+
+class _Timed(Generic[_T]):
+    __slots__ = ("_clock", "_spend", "_work")
+
+    def __init__(
+        self, work: Coroutine[Any, Any, _T], spend: Callable[[float], None], clock: Callable[[], float]
+    ) -> None:
+        self._work, self._spend, self._clock = work, spend, clock
+
+    def __await__(self) -> Generator[Any, Any, _T]:
+        return _steps(self._work, self._spend, self._clock)
+
+
+def _steps(
+    work: Coroutine[Any, Any, _T], spend: Callable[[float], None], clock: Callable[[], float]
+) -> Generator[Any, Any, _T]:
+    """Drive ``work`` as the awaiting task would, timing each step: what it yields (the future it
+    waits on) goes up to the task unchanged, and what the task sends or throws comes back down."""
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        began = clock()
+        try:
+            waits_on = work.send(sent) if thrown is None else work.throw(thrown)
+        except StopIteration as done:
+            spend(clock() - began)
+            result: _T = done.value
+            return result
+        except BaseException:
+            spend(clock() - began)
+            raise
+        spend(clock() - began)
+        sent, thrown = None, None
+        try:
+            sent = yield waits_on
+        except GeneratorExit:
+            work.close()
+            raise
+        except BaseException as exc:  # a cancel, or whatever the task throws: into the work
+            thrown = exc

@@ -23,7 +23,7 @@ from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.watch import QueueView
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
-from agentsessions.host.service.sessions import exec_params, streaming_handler, unary_handler
+from agentsessions.host.service.sessions import Reading, exec_params, reading_handler, unary_handler
 from agentsessions.sdk import convert
 from agentsessions.v1 import common_pb2, session_pb2
 
@@ -55,9 +55,10 @@ class LiveSessionsServicer(live_pb2_grpc.LiveSessionsServicer):
             raise ValueError("LiveSessions needs a controller built with live settings and live tables")
         self.live: LiveSessions = controller.live
         self.limits = controller.limits
+        self.reading: Reading = controller.reading
 
-    @streaming_handler
-    async def Watch(
+    @reading_handler
+    async def Watch(  # type: ignore[override]
         self, request: live_pb2.WatchRequest, call: CallContext
     ) -> AsyncGenerator[live_pb2.WatchUpdate, None]:
         uid = v.session_uid("session", request.session)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import NoReturn, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -87,6 +87,41 @@ def _streaming(
     return handler
 
 
+Reading = Callable[[Coroutine[Any, Any, None]], Awaitable[None]]
+
+
+class _Reads(Protocol):
+    reading: Reading
+
+
+Reader = TypeVar("Reader", bound=_Reads)
+
+
+def _reading(
+    method: Callable[[Reader, Req, CallContext], AsyncGenerator[Resp, None]],
+) -> Callable[[Reader, Req, aio.ServicerContext], Awaitable[None]]:
+    """A server-streaming read (Replay, Watch) that writes its messages itself, inside the
+    servicer's ``reading`` (the readers' budget of the event loop: controller/pacing.py), so that
+    gRPC's work for each message is charged to the call; errors as ``_streaming``'s."""
+
+    @functools.wraps(method)
+    async def handler(self: Reader, request: Req, context: aio.ServicerContext) -> None:
+        await self.reading(_write_each(method(self, request, callcontext.current()), context))
+
+    return handler
+
+
+async def _write_each(items: AsyncGenerator[Resp, None], context: aio.ServicerContext) -> None:
+    try:
+        async with contextlib.aclosing(items):
+            async for item in items:
+                await context.write(item)
+    except aio.AbortError:
+        raise
+    except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
+        await _abort(context, exc)
+
+
 class SessionsServicer(session_pb2_grpc.SessionsServicer):
     """The client-facing Sessions API.
 
@@ -97,6 +132,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
 
     def __init__(self, controller: Controller) -> None:
         self.controller = controller
+        self.reading: Reading = controller.reading
         self.pre_encoded = False
 
     @_unary
@@ -159,8 +195,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
                 else:
                     yield session_pb2.ExecUpdate(session=session_proto(update))
 
-    @_streaming
-    async def Replay(
+    @_reading
+    async def Replay(  # type: ignore[override]
         self, request: session_pb2.ReplayRequest, call: CallContext
     ) -> AsyncGenerator[common_pb2.LogRecord, None]:
         uid = v.session_uid("session", request.session)
@@ -323,5 +359,5 @@ def _exec_params(r: session_pb2.ExecRequest, limits: Limits) -> ExecParams:
 
 # The handler wrappers and Exec's request translation, shared with the LiveSessions servicer.
 unary_handler = _unary
-streaming_handler = _streaming
+reading_handler = _reading
 exec_params = _exec_params
