@@ -243,3 +243,15 @@ def test_limits_have_defaults_flags_and_variables() -> None:
 def test_limits_are_checked_at_startup(argv: list[str], why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         resolve(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--max-read-records-per-s", "2000"], {}),
+        ([], {"AGENTSESSIONS_MAX_READ_RECORDS_PER_S": "2000"}),
+    ],
+)
+def test_a_retired_limit_is_refused_naming_what_replaced_it(argv: list[str], environ: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="--max-read-records-per-s was replaced by --max-read-loop-percent"):
+        resolve(argv, environ)

@@ -85,6 +85,13 @@ _FLAGS: Final = (
 )
 # Limits that may be 0 (switched off).
 _MAY_BE_ZERO: Final = frozenset({"max_read_loop_percent", "max_listed_sessions_per_s"})
+# Flags a host no longer takes, and what replaced each: one still given (flag or variable) is refused
+# at start-up with that answer, not ignored.
+_RETIRED: Final = {
+    "max_read_records_per_s": "--max-read-records-per-s was replaced by --max-read-loop-percent "
+    "(the share of the event loop's time Replay and Watch may take while turns load the host; "
+    "default 5)",
+}
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,9 @@ class Limits:
     @classmethod
     def from_sources(cls, args: argparse.Namespace, environ: Mapping[str, str]) -> Limits:
         """Each limit from its flag, else ``AGENTSESSIONS_<NAME>``, else the default."""
+        for attr, replaced in _RETIRED.items():
+            if getattr(args, attr, None) is not None or _ENV_PREFIX + attr.upper() in environ:
+                raise LimitsError(replaced)
         values: dict[str, int] = {}
         for spec in _FLAGS:
             given: str | None = getattr(args, spec.attr, None)
@@ -156,6 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"at most N{unit} for {spec.what} (env {_ENV_PREFIX}{spec.attr.upper()}; "
             f"default {spec.default})",
         )
+    for attr in _RETIRED:  # taken only to answer with what replaced it
+        parser.add_argument("--" + attr.replace("_", "-"), dest=attr, help=argparse.SUPPRESS)
 
 
 @dataclass
