@@ -15,9 +15,18 @@ from agentsessions.v1 import common_pb2, session_pb2
 from tests.approvals.calls import StampTool, approve, config, new_session, records, say, sessions_of
 from tests.approvals.harnesses import ToolHarness
 from tests.chaos.scenario import wait_until
-from tests.support.host import running_host
+from tests.support.host import HostUnderTest, running_host
 
 WAIT_S = 30.0
+
+
+async def _parked_and_approved(host: HostUnderTest) -> str:
+    """A session whose turn parked on an approval that is now decided (approved), not continued."""
+    uid = await new_session(host, "tooler")
+    parked = await host.exec(say(uid, "hi", config=config(calls=[{"mediation": "approval"}])))
+    assert records(parked)
+    await approve(host, sessions_of(parked)[-1].pending_approval, True, session=uid)
+    return uid
 
 
 async def test_a_resume_waits_for_the_hosts_own_recovery_instead_of_answering_busy(
@@ -25,10 +34,7 @@ async def test_a_resume_waits_for_the_hosts_own_recovery_instead_of_answering_bu
 ) -> None:
     stamp = StampTool(store)
     async with running_host(store, local={"tooler": ToolHarness()}, tools=stamp.registry()) as host:
-        uid = await new_session(host, "tooler")
-        parked = await host.exec(say(uid, "hi", config=config(calls=[{"mediation": "approval"}])))
-        ref = sessions_of(parked)[-1].pending_approval
-        await approve(host, ref, True, session=uid)
+        uid = await _parked_and_approved(host)
         guards = host.controller.guards
 
         async with guards.hold(uid, recovery=True):  # as the recoverer holds it while it works
@@ -49,10 +55,7 @@ async def test_a_resume_that_finds_another_operation_holding_the_session_is_stil
 ) -> None:
     stamp = StampTool(store)
     async with running_host(store, local={"tooler": ToolHarness()}, tools=stamp.registry()) as host:
-        uid = await new_session(host, "tooler")
-        parked = await host.exec(say(uid, "hi", config=config(calls=[{"mediation": "approval"}])))
-        assert records(parked)
-        await approve(host, sessions_of(parked)[-1].pending_approval, True, session=uid)
+        uid = await _parked_and_approved(host)
 
         async with host.controller.guards.hold(uid):
             with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -98,7 +98,43 @@ class LagProbe:
             self._task = None
 
 
-class ReadPacer:
+class _Paced:
+    """What a pacer and a budget share: whether to pace now (``running()`` executions under way and
+    the loop ``congested()``), the clock, the sleep and the burst. One made without ``running``
+    counts executions through :meth:`counts`, which the controller calls."""
+
+    def __init__(
+        self,
+        running: Callable[[], int] | None,
+        congested: Callable[[], bool] | None,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        burst_s: float,
+    ) -> None:
+        self.burst_s = burst_s
+        self._running: Callable[[], int] = running or (lambda: 0)
+        self._counted = running is not None
+        self._congested = congested or LagProbe(clock=clock).congested
+        self._clock = clock
+        self._sleep = sleep
+        # When what was let through so far has all had its time at the rate (or the share).
+        self._next = 0.0
+
+    def counts(self, running: Callable[[], int]) -> None:
+        """Count running executions with ``running``, unless made with its own."""
+        if not self._counted:
+            self._running, self._counted = running, True
+
+    def _pacing(self, enabled: bool) -> bool:
+        """Whether to pace now (``enabled``, executions running, the loop congested). When not, no
+        waiting is carried into the next congestion and no credit the clock did not grant."""
+        if enabled and self._running() and self._congested():
+            return True
+        self._next = min(self._next, self._clock() + self.burst_s)
+        return False
+
+
+class ReadPacer(_Paced):
     """Paces the sessions pages hold while ``running()`` executions are under way and the loop is
     congested: at most ``records_per_s`` for all listers together, in order of asking, after a
     burst of ``burst_s`` worth; 0 never paces. The controller that is given a pacer without
@@ -114,26 +150,13 @@ class ReadPacer:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         burst_s: float = BURST_S,
     ) -> None:
+        super().__init__(running, congested, clock, sleep, burst_s)
         self.records_per_s = records_per_s
-        self.burst_s = burst_s
-        self._running: Callable[[], int] = running or (lambda: 0)
-        self._counted = running is not None
-        self._congested = congested or LagProbe(clock=clock).congested
-        self._clock = clock
-        self._sleep = sleep
-        self._next = 0.0  # when the records let through so far have all had their time at the rate
         self.paced = 0  # records that waited for their turn (telemetry, tests)
-
-    def counts(self, running: Callable[[], int]) -> None:
-        """Count running executions with ``running``, unless the pacer was made with its own."""
-        if not self._counted:
-            self._running, self._counted = running, True
 
     async def take(self, records: int) -> None:
         """Before streaming ``records`` records: wait for their share of the rate, if paced."""
-        if self.records_per_s <= 0 or records <= 0 or not self._running() or not self._congested():
-            # No waiting carried into the next congestion, and no credit the clock did not grant.
-            self._next = min(self._next, self._clock() + self.burst_s)
+        if not self._pacing(self.records_per_s > 0 and records > 0):
             return
         now = self._clock()
         # The generic cell rate rule: the records go at once while the rate's clock runs no more
@@ -146,7 +169,7 @@ class ReadPacer:
             await self._sleep(wait)
 
 
-class LoopBudget:
+class LoopBudget(_Paced):
     """The event loop's time reads may take while ``running()`` executions are under way and the
     loop is congested: ``share`` of it (0.05: 5%) for all readers together, after a burst of
     ``burst_s`` worth; 0 never paces. A read charges the time its steps take on the loop
@@ -164,23 +187,10 @@ class LoopBudget:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         burst_s: float = BURST_S,
     ) -> None:
+        super().__init__(running, congested, clock, sleep, burst_s)
         self.share = share
-        self.burst_s = burst_s
-        self._running: Callable[[], int] = running or (lambda: 0)
-        self._counted = running is not None
-        self._congested = congested or LagProbe(clock=clock).congested
-        self._clock = clock
-        self._sleep = sleep
-        # When the loop time charged so far has all had its time at the share: the readers are
-        # ahead of their share by this minus now.
-        self._next = 0.0
         self.spent = 0.0  # loop time charged, in seconds (telemetry, tests)
         self.paced = 0  # looks at the budget that waited (telemetry, tests)
-
-    def counts(self, running: Callable[[], int]) -> None:
-        """Count running executions with ``running``, unless the budget was made with its own."""
-        if not self._counted:
-            self._running, self._counted = running, True
 
     def spend(self, seconds: float) -> None:
         """Charge ``seconds`` of the loop's time, taken by a read."""
@@ -190,9 +200,7 @@ class LoopBudget:
 
     async def take(self) -> None:
         """Before streaming more: wait while the readers are ahead of their share, if paced."""
-        if self.share <= 0 or not self._running() or not self._congested():
-            # No waiting carried into the next congestion, and no credit the clock did not grant.
-            self._next = min(self._next, self._clock() + self.burst_s)
+        if not self._pacing(self.share > 0):
             return
         wait = self._next - self._clock() - self.burst_s
         if wait > 0:
