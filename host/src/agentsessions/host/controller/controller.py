@@ -117,8 +117,8 @@ class Controller:
         congested = LagProbe().congested  # one probe of the loop for both pacers
         reads = read_budget or LoopBudget(self.limits.max_read_loop_percent / 100, congested=congested)
         listing = list_pacer or ReadPacer(self.limits.max_listed_sessions_per_s, congested=congested)
-        reads.counts(lambda: slots.running)
-        listing.counts(lambda: slots.running)
+        for paced in (reads, listing):
+            paced.counts(lambda: slots.running)
         # At most one execution running: nothing else waits on the loop while a commit holds it.
         store.work_inline_while(lambda: slots.running <= 1)
         self._core = Core(

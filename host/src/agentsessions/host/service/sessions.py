@@ -44,6 +44,18 @@ async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
     raise AssertionError("context.abort returned")
 
 
+@contextlib.asynccontextmanager
+async def _statuses(context: aio.ServicerContext) -> AsyncIterator[None]:
+    """Domain errors (validation included) raised inside become their gRPC status; anything else
+    is INTERNAL; an abort already made passes through."""
+    try:
+        yield
+    except aio.AbortError:
+        raise
+    except Exception as exc:
+        await _abort(context, exc)
+
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Servicer = TypeVar("Servicer")
@@ -56,12 +68,9 @@ def _unary(
 
     @functools.wraps(method)
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
-        try:
+        async with _statuses(context):
             return await method(self, request, callcontext.current())
-        except aio.AbortError:
-            raise
-        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
-            await _abort(context, exc)
+        raise AssertionError("unreachable: _statuses raises what it does not return")
 
     return handler
 
@@ -73,16 +82,12 @@ def _streaming(
 
     @functools.wraps(method)
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> AsyncIterator[Resp]:
-        try:
-            # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
-            # and its guard released), not whenever the garbage collector finalizes it.
-            async with contextlib.aclosing(method(self, request, callcontext.current())) as items:
-                async for item in items:
-                    yield item
-        except aio.AbortError:
-            raise
-        except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
-            await _abort(context, exc)
+        # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
+        # and its guard released), not whenever the garbage collector finalizes it.
+        stream = method(self, request, callcontext.current())
+        async with _statuses(context), contextlib.aclosing(stream) as items:
+            async for item in items:
+                yield item
 
     return handler
 
@@ -112,14 +117,9 @@ def _reading(
 
 
 async def _write_each(items: AsyncGenerator[Resp, None], context: aio.ServicerContext) -> None:
-    try:
-        async with contextlib.aclosing(items):
-            async for item in items:
-                await context.write(item)
-    except aio.AbortError:
-        raise
-    except Exception as exc:  # domain errors map to their status; anything else is INTERNAL
-        await _abort(context, exc)
+    async with _statuses(context), contextlib.aclosing(items):
+        async for item in items:
+            await context.write(item)
 
 
 class SessionsServicer(session_pb2_grpc.SessionsServicer):
