@@ -12,6 +12,7 @@ from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.sdk import EventSink, Start
 from agentsessions.sdk.serving import start_server
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+from tests.chaos.scenario import wait_until
 from tests.support.host_process import HarnessProcess, HostProcess
 from tests.support.versioned_harness import VERSION_FILE
 
@@ -66,7 +67,11 @@ async def test_a_new_server_at_the_address_is_described_again(tmp_path: Path) ->
     link = RemoteHarness(address, describe_max_age=3600)
     try:
         assert (await link.describe()).version == "1"
+        first = link.connection()
         await server.stop(None)
+        # The link notices the old process's connection going (grpc tells it asynchronously: under
+        # load a describe right after the stop could still find the channel READY on it).
+        await wait_until("the link to see the old connection go", lambda: link.connection() != first)
         server = await start_server(new, address)
         assert (await link.describe()).version == "2"
         assert (old.describes, new.describes) == (1, 1)
