@@ -11,7 +11,9 @@ built-in echo harness and model) over loopback, measured in the same run:
   callers each replaying a random session's whole journal, ``--list`` callers each paging
   ``ListSessions`` (page of 100) through every session, and ``--watch`` callers following a random
   session live with ``LiveSessions.Watch`` (only where the host serves it). Each reader waits
-  ``--think`` seconds between its calls, the way a dashboard or an operator's script polls.
+  ``--think`` seconds between its calls, the way a dashboard or an operator's script polls, and
+  makes its first call at a random moment of its first think, as independent callers do;
+  ``--lockstep`` starts them all at once instead, so every second brings a burst of 20 calls.
 
 Reported per phase: turns/s, turn latency p50/p99, every error by status code (turns and readers),
 reader latency p50/p99 per kind, the host's peak RSS and open file descriptors (from /proc). After
@@ -193,6 +195,7 @@ async def _drive(
                         *(f"--{k}={v}" for k, v in counts.items()),
                         "--think",
                         str(args.think),
+                        *(["--lockstep"] if args.lockstep else []),
                         cwd=ROOT,
                         env={**os.environ, "PYTHONPATH": str(ROOT)},
                         stdout=asyncio.subprocess.PIPE,
@@ -287,8 +290,14 @@ def _serve(servers: Fleet, journal: Path) -> str:
 
 
 async def _replayer(
-    stub: session_pb2_grpc.SessionsStub, uids: list[str], until: float, think: float, calls: Calls
+    stub: session_pb2_grpc.SessionsStub,
+    uids: list[str],
+    until: float,
+    think: float,
+    calls: Calls,
+    start: float,
 ) -> None:
+    await asyncio.sleep(start)
     while time.monotonic() < until:
         began = time.monotonic()
         try:
@@ -302,7 +311,10 @@ async def _replayer(
         await asyncio.sleep(think)
 
 
-async def _lister(stub: session_pb2_grpc.SessionsStub, until: float, think: float, calls: Calls) -> None:
+async def _lister(
+    stub: session_pb2_grpc.SessionsStub, until: float, think: float, calls: Calls, start: float
+) -> None:
+    await asyncio.sleep(start)
     while time.monotonic() < until:
         token = ""
         while True:
@@ -356,9 +368,15 @@ async def _readers(args: argparse.Namespace) -> dict[str, Any]:
         stub = session_pb2_grpc.SessionsStub(channel)
         replays, lists, watches = Calls(), Calls(), Calls()
         served: list[bool] = []
+
+        def start() -> float:
+            # Independent callers start at unrelated moments; "lockstep" starts them together,
+            # and as each pass takes about as long as the others they stay together.
+            return 0.0 if args.lockstep else random.uniform(0.0, args.think)
+
         await asyncio.gather(
-            *(_replayer(stub, uids, until, args.think, replays) for _ in range(args.replay)),
-            *(_lister(stub, until, args.think, lists) for _ in range(args.list)),
+            *(_replayer(stub, uids, until, args.think, replays, start()) for _ in range(args.replay)),
+            *(_lister(stub, until, args.think, lists, start()) for _ in range(args.list)),
             *(_watcher(channel, uids, until, watches, served) for _ in range(args.watch)),
         )
         report = {"replay": replays.summary(), "list": lists.summary()}
@@ -423,6 +441,11 @@ def run(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--list", type=int, default=20, help="ListSessions callers beside the turns")
     parser.add_argument("--watch", type=int, default=20, help="Watch callers (where LiveSessions is served)")
     parser.add_argument("--think", type=float, default=1.0, help="seconds each reader waits between calls")
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="start every reader at once (a burst each think) instead of at a random moment of its first",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="20 sessions x 5 s: a smoke run, not a measurement"
     )
@@ -489,6 +512,7 @@ def _readers_main(argv: Sequence[str]) -> int:
     parser.add_argument("--list", type=int, default=0)
     parser.add_argument("--watch", type=int, default=0)
     parser.add_argument("--think", type=float, default=1.0)
+    parser.add_argument("--lockstep", action="store_true")
     args = parser.parse_args(list(argv))
     args.uid_list = json.loads(Path(args.uids).read_text())
     print(json.dumps(asyncio.run(_readers(args))))
