@@ -6,12 +6,15 @@ the tables survive a reopen; the journal feed announces what this process made d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import Awaitable
+from pathlib import Path
 
 import pytest
 
-from agentsessions.host.journal import ConflictError, JournalStore, SessionRow
+from agentsessions.host.journal import ConflictError, JournalStore, SessionRow, open_store
 from agentsessions.host.journal.feed import JournalFeed, SessionDeleted
 from agentsessions.host.journal.live import (
     DONE,
@@ -236,3 +239,48 @@ async def test_a_subscription_never_holds_more_than_its_limit() -> None:
         assert sub.take_overflow()  # the follower must read what it missed from the journal
         assert await sub.next(0.01) is None
     assert feed.watched("s") == 0
+
+
+async def _cancelled_while_queued(work: Awaitable[list[common_pb2.LogRecord]]) -> None:
+    """Start ``work`` and cancel its caller once its write is queued, before the writer commits it."""
+    task = asyncio.ensure_future(work)
+    await asyncio.sleep(0)  # the caller queues its write and waits on it; the batch has not run
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()  # the caller left before its write's outcome
+
+
+async def test_an_append_is_announced_at_commit_even_if_its_caller_left(tmp_path: Path) -> None:
+    """The writer commits what was queued whatever became of the caller; a watcher of the session
+    must still hear of those records (before, the caller's continuation announced them, so a
+    cancelled caller left every follower of the session stalled until the next append)."""
+    store = await open_store(str(tmp_path / "journal.db"))
+    try:
+        live = live_of(store)
+        await new_session(store, "s1")
+        with live.feed.subscribe("s1") as sub:
+            await _cancelled_while_queued(
+                store.append("s1", start_events("e1"), expected_head=0, fence=0, mint_fence=True)
+            )
+            items = await sub.next(5.0)
+        assert items is not None
+        assert [r.seq for r in items if isinstance(r, common_pb2.LogRecord)] == [1, 2]
+        assert (await store.head("s1")).seq == 2
+    finally:
+        await store.close()
+
+
+async def test_an_admission_is_announced_at_commit_even_if_its_caller_left(tmp_path: Path) -> None:
+    store = await open_store(str(tmp_path / "journal.db"))
+    try:
+        live = live_of(store)
+        await new_session(store, "s1")
+        lease = Lease("s1", "e1", RUNNING, "host-a", FAR)
+        with live.feed.subscribe("s1") as sub:
+            await _cancelled_while_queued(live.admit("s1", start_events("e1"), 0, lease))
+            items = await sub.next(5.0)
+        assert items is not None
+        assert [r.seq for r in items if isinstance(r, common_pb2.LogRecord)] == [1, 2]
+    finally:
+        await store.close()

@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, overload
 
 from agentsessions.host.journal import (
     MAX_SEQ,
@@ -50,6 +50,7 @@ DEFAULT_MAX_BATCH: Final = 1024
 HEAD_CACHE_SIZE: Final = 4096
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _Outcome = Any  # a write's result, or the StoreError refusing it
 
 
@@ -68,11 +69,17 @@ class WriterStats:
 
 @dataclass(eq=False, slots=True)
 class _Write(Generic[_T]):
-    """One queued write: an append, a fence mint, or a program over the transaction."""
+    """One queued write: an append, a fence mint, or a program over the transaction.
+
+    ``committed`` turns its outcome into what its caller gets, once the write is durable: it runs as
+    the batch is settled, on the loop, in commit order, and whether or not the caller still waits
+    (a caller cancelled meanwhile does not undo the write, so what announces it must not depend on
+    the caller's continuation)."""
 
     request: AppendRequest | MintRequest | None
-    program: Callable[[Transaction, HeadView], Awaitable[_T]] | None
+    program: Callable[[Transaction, HeadView], Awaitable[Any]] | None
     future: asyncio.Future[_T]
+    committed: Callable[[Any], _T] | None = None
 
 
 class HeadView:
@@ -147,19 +154,38 @@ class DialectStore:
 
         await self.write("probe", program)
 
-    async def write(self, what: str, program: Callable[[Transaction, HeadView], Awaitable[_T]]) -> _T:
+    @overload
+    async def write(self, what: str, program: Callable[[Transaction, HeadView], Awaitable[_T]]) -> _T: ...
+
+    @overload
+    async def write(
+        self,
+        what: str,
+        program: Callable[[Transaction, HeadView], Awaitable[_T]],
+        committed: Callable[[_T], _R],
+    ) -> _R: ...
+
+    async def write(
+        self,
+        what: str,
+        program: Callable[[Transaction, HeadView], Awaitable[Any]],
+        committed: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Run ``program`` in the writer's next transaction. It must check every rule before its
-        first statement that writes (a StoreError it raises refuses only this write)."""
-        return await self._submit(what, None, program)
+        first statement that writes (a StoreError it raises refuses only this write). With
+        ``committed``, what the program returned goes through it once durable, even if the caller
+        has stopped waiting (announcements belong there), and the caller gets what it returns."""
+        return await self._submit(what, None, program, committed)
 
     async def _submit(
         self,
         what: str,
         request: AppendRequest | MintRequest | None,
-        program: Callable[[Transaction, HeadView], Awaitable[_T]] | None,
-    ) -> _T:
+        program: Callable[[Transaction, HeadView], Awaitable[Any]] | None,
+        committed: Callable[[Any], Any] | None = None,
+    ) -> Any:
         self._check_open(what)
-        write: _Write[_T] = _Write(request, program, asyncio.get_running_loop().create_future())
+        write: _Write[Any] = _Write(request, program, asyncio.get_running_loop().create_future(), committed)
         if self._queue is None:
             await self._commit([write])
             return write.future.result()  # settled: the dialect applied it at once
@@ -207,10 +233,13 @@ class DialectStore:
         self.stats.commits += 1
         self.stats.head_reads += view.reads
         for write, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(write.request, AppendRequest) and not isinstance(outcome, StoreError):
+            if isinstance(outcome, BaseException):  # a refusal: nothing of this write is durable
+                _settle(write.future, outcome)
+                continue
+            if isinstance(write.request, AppendRequest):
                 self.stats.appends += 1
                 self.stats.events += len(write.request.prepared.events)
-            _settle(write.future, outcome)
+            _settle(write.future, outcome if write.committed is None else write.committed(outcome))
 
     def _remember(self, view: HeadView, foreign: bool) -> None:
         cache = self._heads
@@ -312,9 +341,13 @@ class DialectStore:
     ) -> list[common_pb2.LogRecord]:
         prepared = rules.prepare_events(events)
         request = AppendRequest(uid, prepared, expected_head, fence, mint_fence)
-        appended: rules.Appended = await self._submit("append", request, None)
-        records = rules.appended_records(prepared, appended)
-        self.feed.appended(uid, records)
+
+        def announced(appended: rules.Appended) -> list[common_pb2.LogRecord]:
+            records = rules.appended_records(prepared, appended)
+            self.feed.appended(uid, records)  # at commit: watchers see it even if our caller left
+            return records
+
+        records: list[common_pb2.LogRecord] = await self._submit("append", request, None, announced)
         return records
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:

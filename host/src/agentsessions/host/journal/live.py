@@ -289,12 +289,18 @@ class LiveStore:
                 await live.queue_delete(uid, queued)
             return outcome
 
-        appended = await self._run("admit turn", body)
-        records = rules.appended_records(prepared, appended)
-        self.feed.appended(uid, records)
-        if queued:
-            self.feed.queue_changed(uid)
-        return records
+        def announced(appended: rules.Appended) -> list[common_pb2.LogRecord]:
+            # At commit, not after our await: watchers learn of the turn even if its caller left.
+            records = rules.appended_records(prepared, appended)
+            self.feed.appended(uid, records)
+            if queued:
+                self.feed.queue_changed(uid)
+            return records
+
+        async def program(tx: Transaction, view: HeadView) -> rules.Appended:
+            return await body(_live(tx), view)
+
+        return await self.store.write("admit turn", program, announced)
 
     # -- leases ------------------------------------------------------------------------------
 
