@@ -18,6 +18,7 @@ from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
 from agentsessions.host.controller.live import LiveSettings
+from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.idempotency import IdempotencyInterceptor
 from agentsessions.host.journal.store import JournalStore
@@ -143,6 +144,7 @@ async def live_host(
     settings: LiveSettings = TEST_SETTINGS,
     model: ModelProvider | None = None,
     local: Mapping[str, Harness] | None = None,
+    tools: ToolInvoker | None = None,
 ) -> AsyncIterator[LiveHost]:
     gated = GatedEcho()
     static = {"echo": StaticHarness(EchoHarness()), "gated": StaticHarness(gated)}
@@ -151,7 +153,9 @@ async def live_host(
     catalog = HarnessCatalog(static, store, RemoteHarness, default="echo")
     # Frames of at most 2 bytes, so even a short echo streams deltas for watchers to see.
     batching = DeltaBatching(max_bytes=2)
-    controller = Controller(store, catalog, model or EchoModel(), live=settings, delta_batching=batching)
+    controller = Controller(
+        store, catalog, model or EchoModel(), tools, live=settings, delta_batching=batching
+    )
     assert controller.live is not None
     await controller.live.start()
     server = aio.server(interceptors=[IdempotencyInterceptor()])

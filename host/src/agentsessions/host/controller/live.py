@@ -244,7 +244,14 @@ class LiveSessions:
     async def admit_exec(self, p: ExecParams, call: CallContext) -> AsyncIterator[AdmittedTurn]:
         asked = self.keys.request(call, "Exec", _exec_parts(p))
         if asked is None:
-            async with self._admit(p, call) as turn:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    turn: AdmittedTurn = await stack.enter_async_context(self._admit(p, call))
+                except SessionBusyError:
+                    followed = await self._recovery_followed(p, call)
+                    if followed is None:
+                        raise
+                    turn = followed
                 yield turn
             return
         held, mine = await self._reservation(asked, p)
@@ -312,6 +319,43 @@ class LiveSessions:
         return dataclasses.replace(
             p, session=held.session, execution_id=held.execution_id, ticket=Ticket(key=held)
         )
+
+    async def _recovery_followed(self, p: ExecParams, call: CallContext) -> AdmittedTurn | None:
+        """An Exec without inputs that found the session held by this host's own recovery of its
+        approval-bearing turn (a decision it continues, a crash it recovers) asked for what that
+        recovery is doing: it follows that turn (its records from its first, live until it ends,
+        then the session as it left it) instead of ABORTED "busy". None when that is not the case
+        (inputs, another holder, no such turn): the refusal stands."""
+        uid = p.session
+        if p.inputs or not uid or not self.core.guards.recovering(uid):
+            return None
+        view = await sessions.look(self.core, call, uid)
+        events, executions = await sessions.read(self.core, view.row)
+        latest = latest_execution(executions)
+        if latest is None or latest.legacy or latest.inherited:
+            return None
+        if not any(events[i].kind == common_pb2.EVENT_APPROVAL_REQUEST for i in latest.indexes):
+            return None  # an inputless Exec on any other turn starts a turn of its own: busy
+        follow = follow_execution(
+            self.core,
+            self.live,
+            call,
+            uid,
+            latest.id,
+            latest.first_index + 1,
+            poll_s=self.settings.watch_poll_s,
+        )
+        return _Following(view, self._then_session(call, uid, follow))
+
+    async def _then_session(
+        self, call: CallContext, uid: str, updates: AsyncIterator[FollowItem]
+    ) -> AsyncIterator[FollowItem]:
+        """``updates``, then the session as the turn left it, as a recovering Exec ends (once)."""
+        last: object = None
+        async for last in updates:
+            yield last
+        if not isinstance(last, SessionView):
+            yield await sessions.look(self.core, call, uid)
 
     async def _replayed(self, held: KeyRecord, call: CallContext) -> AdmittedTurn:
         """The execution a DONE key names, streamed from its first record (live while it runs)."""

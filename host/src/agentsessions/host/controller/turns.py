@@ -146,6 +146,12 @@ async def admit(core: Core, call: CallContext, p: ExecParams) -> AsyncIterator[T
         events, executions = await sessions.read(core, row, fresh=True)
         gate = open_gate(events, executions)
         if gate is not None and p.inputs:
+            if gate.decided:
+                raise FailedPreconditionError(
+                    f"session {row.uid}: its turn's tool call {gate.tool_call_id!r} is decided "
+                    f"(request seq {gate.request_seq}) but the turn is not finished; Resume it or "
+                    "Exec without inputs (the host continues it by itself shortly after the decision)"
+                )
             raise FailedPreconditionError(
                 f"session {row.uid} awaits a decision on tool call {gate.tool_call_id!r} "
                 f"(request seq {gate.request_seq}); Approve it, then Resume or Exec without inputs"
