@@ -12,6 +12,7 @@ import pytest
 from agentsessions.host import logs, requestid
 from agentsessions.host.app import App, build_app
 from agentsessions.host.config import HostConfig
+from tests.chaos.scenario import wait_until
 
 
 def emit(fmt: str, message: str, **values: object) -> str:
@@ -112,6 +113,41 @@ def test_background_logging_writes_every_line_in_order_formatted_where_it_was_lo
         # After the drain the same handler writes in place: nothing is queued and lost.
         log.info("after", extra=logs.fields(n=200))
         assert json.loads(stream.getvalue().splitlines()[-1])["n"] == 200
+    finally:
+        logs.drain()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in before[0]:
+            root.addHandler(handler)
+        root.setLevel(before[1])
+
+
+class _CountingStream(io.StringIO):
+    """A stream that counts its writes (each one a wake-up of the writing thread and a syscall)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_background_lines_are_written_in_batches_not_one_wake_up_per_line() -> None:
+    stream = _CountingStream()
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    logs.configure("info", "text", stream, background=True)
+    try:
+        log = logging.getLogger("agentsessions.test.batches")
+        for i in range(100):
+            log.info("line", extra=logs.fields(n=i))
+        await wait_until("the lines to be written", lambda: len(stream.getvalue().splitlines()) == 100)
+        # A thread woken for every line wrote 100 times; the batches write once a gathering (20 ms).
+        assert stream.writes <= 10
+        numbers = [line.rsplit("n=", 1)[1] for line in stream.getvalue().splitlines()]
+        assert numbers == [str(i) for i in range(100)]
     finally:
         logs.drain()
         for handler in list(root.handlers):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import logging.handlers
-import queue
 import sys
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -45,16 +45,21 @@ def fields(**values: Any) -> dict[str, Any]:
     return {_FIELDS: values}
 
 
+# How long the background writer lets lines gather after the first one before writing them all.
+LINGER_S = 0.02
+
+
 def configure(
     level: str = "info", fmt: str = "text", stream: TextIO | None = None, *, background: bool = False
 ) -> None:
     """Route the ``agentsessions`` loggers (and grpc's) to one stderr handler in the chosen format.
 
     With ``background`` (what ``serve`` asks for) a line is formatted where it is logged and
-    written by a thread of its own: a write gives up the GIL, and on a loaded host the event loop
-    then waits for the journal's threads to hand it back (py-spy put 3-4% of a loaded host's
-    event-loop samples in the access log's writes). Every queued line is written before the
-    process exits normally (``drain``); lines still queued when the process is killed are lost.
+    written by a thread of its own (``_Batches``): a write gives up the GIL, and on a loaded host the
+    event loop then waits for the journal's threads to hand it back (py-spy put 3-4% of a loaded
+    host's event-loop samples in the access log's writes). Every line still to write is written
+    before the process exits normally (``drain``); lines not yet written when the process is killed
+    (at most ``LINGER_S`` of them) are lost.
     """
     drain()
     formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter()
@@ -67,32 +72,81 @@ def configure(
     if not background:
         root.addHandler(out)
         return
-    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    queued = logging.handlers.QueueHandler(lines)  # formats the line (prepare), then queues it
-    queued.setFormatter(formatter)
-    writer = logging.StreamHandler(out.stream)
-    writer.setFormatter(logging.Formatter("%(message)s"))
-    listener = logging.handlers.QueueListener(lines, writer)
-    listener.start()
-    _background.append((listener, queued, out))
-    root.addHandler(queued)
+    batches = _Batches(out.stream, formatter)
+    _background.append((batches, out))
+    root.addHandler(batches)
 
 
-# The writing thread of a background configuration, its queueing handler and the handler that
-# takes over when it stops.
-_background: list[tuple[logging.handlers.QueueListener, logging.Handler, logging.Handler]] = []
+class _Batches(logging.Handler):
+    """Formats each record where it is logged and leaves the line to a writing thread, which wakes
+    once for the first line of a batch, lets more gather for ``LINGER_S`` and writes them in one
+    go. A thread woken for every line (a queue and its listener) cost a host ~0.15 ms of CPU per
+    RPC in wake-ups and GIL hand-offs (bench/README.md, "What one RPC costs the host")."""
+
+    def __init__(self, stream: TextIO, formatter: logging.Formatter) -> None:
+        super().__init__()
+        self.setFormatter(formatter)
+        self._stream = stream
+        self._lines: list[str] = []
+        self._guard = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._write, name="agentsessions-log-writer", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        with self._guard:
+            first = not self._lines
+            self._lines.append(line)
+        if first:
+            self._wake.set()
+
+    def _write(self) -> None:
+        while True:
+            self._wake.wait()
+            if not self._closing:
+                time.sleep(LINGER_S)  # the lines logged meanwhile go with this one
+            with self._guard:
+                lines, self._lines = self._lines, []
+                self._wake.clear()
+                closing = self._closing
+            if lines:
+                try:
+                    self._stream.write("\n".join(lines) + "\n")
+                    self._stream.flush()
+                except (OSError, ValueError):
+                    pass  # stderr gone (closed pipe): the lines cannot go anywhere
+            if closing:
+                return
+
+    def close(self) -> None:
+        """Write what is still gathered and stop the thread."""
+        with self._guard:
+            self._closing = True
+        self._wake.set()
+        self._thread.join()
+        super().close()
+
+
+# The batching handler of a background configuration and the handler that takes over once it stops.
+_background: list[tuple[_Batches, logging.Handler]] = []
 
 
 @atexit.register
 def drain() -> None:
-    """Write every line still queued, stop the writing thread, and write in place from now on."""
+    """Write every line still gathered, stop the writing thread, and write in place from now on."""
     while _background:
-        listener, queued, out = _background.pop()
+        batches, out = _background.pop()
         root = logging.getLogger()
-        if queued in root.handlers:
-            root.removeHandler(queued)
+        if batches in root.handlers:
+            root.removeHandler(batches)
             root.addHandler(out)
-        listener.stop()
+        batches.close()
 
 
 def _timestamp(record: logging.LogRecord) -> str:
