@@ -274,12 +274,18 @@ def test_a_turn_is_logged_without_its_payload(host: Host, empty_dir: Path) -> No
     assert called.returncode == 0, called.stderr
     # The turn's records carry the input back to the caller...
     assert secret in called.stdout
-    # ...but no log line does.
-    assert secret not in host.log_text()
-    assert any(
-        line.get("request_id") == "turn-probe" and line.get("method") == "/agentsessions.v1.Sessions/Exec"
-        for line in host.json_lines()
+    # ...but no log line does (checked once the call's own line is written: lines are written
+    # by the host's log thread in batches, awaited here, never assumed).
+    wait_for_log_line(
+        host,
+        lambda: [
+            line
+            for line in host.json_lines()
+            if line.get("request_id") == "turn-probe"
+            and line.get("method") == "/agentsessions.v1.Sessions/Exec"
+        ],
     )
+    assert secret not in host.log_text()
 
 
 def test_request_id_is_minted_when_absent(host: Host, empty_dir: Path) -> None:
@@ -287,7 +293,12 @@ def test_request_id_is_minted_when_absent(host: Host, empty_dir: Path) -> None:
     assert called.returncode == 0, called.stderr
     minted = trailers(called.stdout)["x-request-id"]
     assert re.fullmatch(r"[0-9a-f]{32}", minted)
-    assert any(line.get("request_id") == minted and line["code"] == "OK" for line in host.json_lines())
+    wait_for_log_line(
+        host,
+        lambda: [
+            line for line in host.json_lines() if line.get("request_id") == minted and line["code"] == "OK"
+        ],
+    )
 
 
 def test_unknown_method_is_unimplemented_with_a_request_id(host: Host) -> None:
