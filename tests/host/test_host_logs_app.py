@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -96,23 +98,14 @@ async def test_build_app_serves_sessions_and_keeps_the_registry_for_the_admin_li
         await app.close()
 
 
-def test_background_logging_writes_every_line_in_order_formatted_where_it_was_logged() -> None:
-    stream = io.StringIO()
+@contextlib.contextmanager
+def _background(stream: io.StringIO, fmt: str) -> Iterator[None]:
+    """The host's background logging into ``stream`` for the test; the root logger as it was after."""
     root = logging.getLogger()
     before = (list(root.handlers), root.level)
-    logs.configure("info", "json", stream, background=True)
+    logs.configure("info", fmt, stream, background=True)
     try:
-        log = logging.getLogger("agentsessions.test.background")
-        for i in range(200):
-            requestid.bind(f"req-{i}")
-            log.info("line", extra=logs.fields(n=i))
-        requestid.bind("")
-        logs.drain()  # what the process does at exit: every queued line is written
-        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-        assert [(x["n"], x["request_id"]) for x in lines] == [(i, f"req-{i}") for i in range(200)]
-        # After the drain the same handler writes in place: nothing is queued and lost.
-        log.info("after", extra=logs.fields(n=200))
-        assert json.loads(stream.getvalue().splitlines()[-1])["n"] == 200
+        yield
     finally:
         logs.drain()
         for handler in list(root.handlers):
@@ -120,6 +113,22 @@ def test_background_logging_writes_every_line_in_order_formatted_where_it_was_lo
         for handler in before[0]:
             root.addHandler(handler)
         root.setLevel(before[1])
+
+
+def test_background_logging_writes_every_line_in_order_formatted_where_it_was_logged() -> None:
+    stream = io.StringIO()
+    with _background(stream, "json"):
+        log = logging.getLogger("agentsessions.test.background")
+        for i in range(200):
+            requestid.bind(f"req-{i}")
+            log.info("line", extra=logs.fields(n=i))
+        requestid.bind("")
+        logs.drain()  # what the process does at exit: every line still gathered is written
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [(x["n"], x["request_id"]) for x in lines] == [(i, f"req-{i}") for i in range(200)]
+        # After the drain the same handler writes in place: nothing is gathered and lost.
+        log.info("after", extra=logs.fields(n=200))
+        assert json.loads(stream.getvalue().splitlines()[-1])["n"] == 200
 
 
 class _CountingStream(io.StringIO):
@@ -136,10 +145,7 @@ class _CountingStream(io.StringIO):
 
 async def test_background_lines_are_written_in_batches_not_one_wake_up_per_line() -> None:
     stream = _CountingStream()
-    root = logging.getLogger()
-    before = (list(root.handlers), root.level)
-    logs.configure("info", "text", stream, background=True)
-    try:
+    with _background(stream, "text"):
         log = logging.getLogger("agentsessions.test.batches")
         for i in range(100):
             log.info("line", extra=logs.fields(n=i))
@@ -148,10 +154,3 @@ async def test_background_lines_are_written_in_batches_not_one_wake_up_per_line(
         assert stream.writes <= 10
         numbers = [line.rsplit("n=", 1)[1] for line in stream.getvalue().splitlines()]
         assert numbers == [str(i) for i in range(100)]
-    finally:
-        logs.drain()
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        for handler in before[0]:
-            root.addHandler(handler)
-        root.setLevel(before[1])
