@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 
 import pytest
@@ -282,5 +282,38 @@ async def test_an_admission_is_announced_at_commit_even_if_its_caller_left(tmp_p
             items = await sub.next(5.0)
         assert items is not None
         assert [r.seq for r in items if isinstance(r, common_pb2.LogRecord)] == [1, 2]
+    finally:
+        await store.close()
+
+
+async def test_an_announcement_that_fails_fails_only_its_own_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What announces a write runs in the writer's settling of the whole batch: if it raised there,
+    the batch's other writes must still be settled and the writer keep writing."""
+    store = await open_store(str(tmp_path / "journal.db"))
+    try:
+        live = live_of(store)
+        await new_session(store, "s1")
+        await new_session(store, "s2")
+        announce = live.feed.appended
+
+        def appended(uid: str, records: Sequence[common_pb2.LogRecord]) -> None:
+            if uid == "s1":
+                raise RuntimeError("a follower's inbox broke")
+            announce(uid, records)
+
+        monkeypatch.setattr(live.feed, "appended", appended)
+        both = await asyncio.gather(
+            store.append("s1", start_events("e1"), expected_head=0, fence=0, mint_fence=True),
+            store.append("s2", start_events("e2"), expected_head=0, fence=0, mint_fence=True),
+            return_exceptions=True,
+        )
+        assert isinstance(both[0], RuntimeError)  # durable, but its caller hears what failed
+        assert not isinstance(both[1], BaseException) and [r.seq for r in both[1]] == [1, 2]
+        assert (await store.head("s1")).seq == 2
+        monkeypatch.undo()
+        more = await store.append("s2", start_events("e3"), expected_head=2, fence=0, mint_fence=True)
+        assert [r.seq for r in more] == [3, 4]
     finally:
         await store.close()

@@ -239,7 +239,12 @@ class DialectStore:
             if isinstance(write.request, AppendRequest):
                 self.stats.appends += 1
                 self.stats.events += len(write.request.prepared.events)
-            _settle(write.future, outcome if write.committed is None else write.committed(outcome))
+            if write.committed is not None:
+                try:
+                    outcome = write.committed(outcome)
+                except Exception as exc:  # only this write's caller hears of it; the batch settles on
+                    outcome = exc
+            _settle(write.future, outcome)
 
     def _remember(self, view: HeadView, foreign: bool) -> None:
         cache = self._heads
