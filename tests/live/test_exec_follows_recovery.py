@@ -92,9 +92,10 @@ async def test_an_inputless_exec_follows_the_hosts_recovery_of_a_decided_turn(
     assert updates[0].WhichOneof("update") == "session"  # the session first, as every Exec
     streamed = kinds(records(updates))
     assert streamed[0] == "EXECUTION_START"  # the turn from its first record
-    # ... through the decision, the receipt and the END (then the recovery's RESUME marker).
+    # ... through the decision, the receipt and the END, where it stops (not the recovery's RESUME).
     assert streamed.count("TOOL_RESULT") == 1 and streamed.count("END") == 1
     assert streamed.index("APPROVAL_RESULT") < streamed.index("TOOL_RESULT") < streamed.index("END")
+    assert streamed[-1] == "END"
     assert updates[-1].WhichOneof("update") == "session", "it ends as a recovering Exec does"
     assert updates[-1].session.exec_state == session_pb2.EXEC_COMPLETED
     assert tool.runs == 1  # followed, not run again

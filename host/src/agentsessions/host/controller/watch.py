@@ -284,7 +284,7 @@ async def follow_execution(
                         ended, end_seq = event.end, item.seq
                     elif event.kind in (K.EVENT_ERROR, K.EVENT_APPROVAL_REQUEST):
                         look = True
-                elif event.kind == K.EVENT_LIFECYCLE and item.seq == last + 1:
+                elif event.kind == K.EVENT_LIFECYCLE and item.seq == last + 1 and _marks(ended):
                     yield item  # its marker: the park's SUSPEND, the cancellation's CANCEL, RESUME
                     last = item.seq
                     look = True
@@ -308,6 +308,14 @@ async def follow_execution(
                 if final is not None:
                     yield final
                     return
+
+
+def _marks(ended: common_pb2.HarnessEnd | None) -> bool:
+    """Whether a marker right after the followed records is still the execution's: any marker
+    before its END; after it only a cancellation's CANCEL. (A recovery's RESUME after a finished
+    END is not what the Exec that admitted the turn streamed, which ended with the END; before,
+    whether a follower saw it depended on whether it arrived before the follower caught up.)"""
+    return ended is None or ended.state == "CANCELED"
 
 
 def _raise_ending(end: common_pb2.HarnessEnd) -> None:
