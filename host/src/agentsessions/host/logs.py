@@ -87,8 +87,7 @@ class _Batches(logging.Handler):
         super().__init__()
         self.setFormatter(formatter)
         self._stream = stream
-        self._lines: list[str] = []
-        self._guard = threading.Lock()
+        self._lines: list[str] = []  # guarded by the handler's own lock, which handle() holds in emit
         self._wake = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._write, name="agentsessions-log-writer", daemon=True)
@@ -100,9 +99,8 @@ class _Batches(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        with self._guard:
-            first = not self._lines
-            self._lines.append(line)
+        first = not self._lines
+        self._lines.append(line)
         if first:
             self._wake.set()
 
@@ -111,7 +109,7 @@ class _Batches(logging.Handler):
             self._wake.wait()
             if not self._closing:
                 time.sleep(LINGER_S)  # the lines logged meanwhile go with this one
-            with self._guard:
+            with self.lock:  # type: ignore[union-attr]  # made by Handler.__init__
                 lines, self._lines = self._lines, []
                 self._wake.clear()
                 closing = self._closing
@@ -126,7 +124,7 @@ class _Batches(logging.Handler):
 
     def close(self) -> None:
         """Write what is still gathered and stop the thread."""
-        with self._guard:
+        with self.lock:  # type: ignore[union-attr]
             self._closing = True
         self._wake.set()
         self._thread.join()

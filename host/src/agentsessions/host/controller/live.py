@@ -336,15 +336,7 @@ class LiveSessions:
             return None
         if not any(events[i].kind == common_pb2.EVENT_APPROVAL_REQUEST for i in latest.indexes):
             return None  # an inputless Exec on any other turn starts a turn of its own: busy
-        follow = follow_execution(
-            self.core,
-            self.live,
-            call,
-            uid,
-            latest.id,
-            latest.first_index + 1,
-            poll_s=self.settings.watch_poll_s,
-        )
+        follow = self._follow(call, uid, latest.id, latest.first_index + 1)
         return _Following(view, self._then_session(call, uid, follow))
 
     async def _then_session(
@@ -362,10 +354,15 @@ class LiveSessions:
         uid, execution_id = held.session, held.execution_id
         start_seq = int(held.value().get("start_seq", 1))
         view = await sessions.look(self.core, call, uid)
-        follow = follow_execution(
+        return _Following(view, self._follow(call, uid, execution_id, start_seq))
+
+    def _follow(
+        self, call: CallContext, uid: str, execution_id: str, start_seq: int
+    ) -> AsyncIterator[FollowItem]:
+        """What the Exec that admitted ``execution_id`` streams, from ``start_seq`` (watch.py)."""
+        return follow_execution(
             self.core, self.live, call, uid, execution_id, start_seq, poll_s=self.settings.watch_poll_s
         )
-        return _Following(view, follow)
 
     @overload
     async def follow_original(
