@@ -1,7 +1,7 @@
 """A model call is answered while its OUTPUT is flushed (ExecutionWriter.append_soon): the record
-is ordered at once, relayed only once durable, and the execution's next record waits for it; its
-failure is raised to whoever appends next and stays; a record the journal refuses on sight is
-refused before anything is scheduled.
+is ordered at once, relayed only once durable, and the execution's next record waits for it (or,
+when it comes within the linger, shares its commit); its failure is raised to whoever appends next
+and stays; a record the journal refuses on sight is refused before anything is scheduled.
 
 The journal is a real SQLite store whose append of an OUTPUT can be held at a gate (so each step
 is event-gated, never timed)."""
@@ -34,6 +34,7 @@ class HeldSqliteStore(SqliteStore):
     reached: asyncio.Event
     gate: asyncio.Event
     kinds: list[int]
+    appends: list[list[int]]  # the kinds of each append call, in order
 
     async def append(
         self,
@@ -45,6 +46,7 @@ class HeldSqliteStore(SqliteStore):
         mint_fence: bool = False,
     ) -> list[common_pb2.LogRecord]:
         self.kinds.extend(e.kind for e in events)
+        self.appends.append([e.kind for e in events])
         if self.hold and any(e.kind == K.EVENT_OUTPUT for e in events):
             self.reached.set()
             await self.gate.wait()
@@ -56,7 +58,7 @@ class HeldSqliteStore(SqliteStore):
 async def _store(tmp_path: Path) -> HeldSqliteStore:
     store = await HeldSqliteStore.open(tmp_path / "journal.db")
     assert isinstance(store, HeldSqliteStore)
-    store.reached, store.gate, store.kinds = asyncio.Event(), asyncio.Event(), []
+    store.reached, store.gate, store.kinds, store.appends = asyncio.Event(), asyncio.Event(), [], []
     await store.create_session(SessionRow(uid="s-1", project="p"))
     return store
 
@@ -66,6 +68,7 @@ class Execution:
         self.store = store
         self.journal = JournalWriter(store, JournalCache(store), max_record_bytes)
         self.relayed: list[int] = []
+        self.relay_seen = asyncio.Event()  # set at each relayed record
         self.writer: ExecutionWriter | None = None
 
     async def start(self) -> ExecutionWriter:
@@ -73,6 +76,7 @@ class Execution:
 
         async def relay(rec: common_pb2.LogRecord) -> None:
             self.relayed.append(rec.seq)
+            self.relay_seen.set()
 
         self.writer = ExecutionWriter(self.journal, "s-1", fence, 0, relay)
         await self.writer.append(
@@ -198,3 +202,67 @@ async def test_the_harness_gets_the_answer_while_its_output_is_flushed(execution
     assert [r.event.kind for r in records] == [K.EVENT_EXECUTION_START, K.EVENT_MODEL_CALL, K.EVENT_OUTPUT]
     assert records[2].event.message.parts[0].text.text == "echo:hi"
     assert execution.relayed == [1, 2, 3]
+
+
+async def test_the_next_append_within_the_linger_shares_the_ordered_records_commit(
+    execution: Execution,
+) -> None:
+    store = execution.store
+    writer = await execution.start()
+    writer.append_soon(_output("echo:hi"))
+    rec = await writer.append(_end())  # at once: well within SOON_LINGER_S
+
+    assert rec.seq == 3
+    assert store.appends[1:] == [[K.EVENT_OUTPUT, K.EVENT_END]]  # one append, one commit
+    assert execution.relayed == [1, 2, 3]
+    assert [r.event.kind for r in await store.read("s-1")] == [
+        K.EVENT_EXECUTION_START,
+        K.EVENT_OUTPUT,
+        K.EVENT_END,
+    ]
+
+
+async def test_an_ordered_record_no_append_follows_is_written_alone_after_the_linger(
+    execution: Execution,
+) -> None:
+    store = execution.store
+    writer = await execution.start()
+    writer.append_soon(_output("echo:hi"))
+    assert writer.ordered()[0].kind == K.EVENT_OUTPUT  # ordered, not yet handed to the store
+    assert store.appends[1:] == []
+
+    async with asyncio.timeout(30):  # the linger's timer writes it; no append asks for it
+        while execution.relayed[-1] < 2:
+            execution.relay_seen.clear()
+            await execution.relay_seen.wait()
+    assert store.appends[1:] == [[K.EVENT_OUTPUT]]
+    assert writer.ordered() == []
+    assert [r.event.kind for r in await store.read("s-1")] == [K.EVENT_EXECUTION_START, K.EVENT_OUTPUT]
+
+
+async def test_an_echo_turn_ends_in_the_commit_of_its_models_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real host: EXECUTION_START with its INPUT, the MODEL_CALL, then the OUTPUT and END
+    together (the turn's settling reads the ordered OUTPUT instead of forcing it out alone)."""
+    from agentsessions.host.controller import writer
+    from agentsessions.v1 import session_pb2
+    from tests.support.host import running_host, text_input
+
+    monkeypatch.setattr(writer, "SOON_LINGER_S", 60.0)  # only the END may take the OUTPUT out
+    store = await HeldSqliteStore.open(tmp_path / "journal.db")
+    assert isinstance(store, HeldSqliteStore)
+    store.reached, store.gate, store.kinds, store.appends = asyncio.Event(), asyncio.Event(), [], []
+    try:
+        async with running_host(store) as host:
+            created = await host.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo"))
+            )
+            await host.exec(session_pb2.ExecRequest(session=created.metadata.uid, inputs=[text_input("hi")]))
+        assert store.appends == [
+            [K.EVENT_EXECUTION_START, K.EVENT_INPUT],
+            [K.EVENT_MODEL_CALL],
+            [K.EVENT_OUTPUT, K.EVENT_END],
+        ]
+    finally:
+        await store.close()

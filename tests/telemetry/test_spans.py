@@ -9,12 +9,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import grpc
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from agentsessions.client import SessionsClient
 from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.config import HostConfig
+from agentsessions.host.controller import writer
 from agentsessions.host.tools.executor import ToolContext
 from agentsessions.sdk.server import start_server
 from agentsessions.v1 import session_pb2
@@ -64,7 +66,10 @@ async def run_turn(address: str, harness: str = "echo", **exec_options: Any) -> 
         return [u async for u in client.exec(uid, SECRET, **exec_options)]
 
 
-async def test_echo_turn_span_tree_without_payloads(telemetry: Telemetry) -> None:
+async def test_echo_turn_span_tree_without_payloads(
+    telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer, "SOON_LINGER_S", 60.0)  # the OUTPUT waits for the END, however slow
     async with serving(HostConfig(listen="127.0.0.1:0", journal="memory:")) as (address,):
         updates = await run_turn(address)
     uid = updates[0].session.metadata.uid
@@ -95,8 +100,10 @@ async def test_echo_turn_span_tree_without_payloads(telemetry: Telemetry) -> Non
     assert attrs(admission)["agentsessions.journal.last_seq"] == 2
 
     under_turn = sorted(children(spans, turn), key=lambda s: s.start_time or 0)
-    assert [s.name for s in under_turn] == ["journal.append", "chat echo", "journal.append", "journal.append"]
-    assert [attrs(s).get("agentsessions.journal.last_seq") for s in under_turn] == [3, None, 4, 5]
+    # The MODEL_CALL, the model call, then the OUTPUT and the END in one append.
+    assert [s.name for s in under_turn] == ["journal.append", "chat echo", "journal.append"]
+    assert [attrs(s).get("agentsessions.journal.last_seq") for s in under_turn] == [3, None, 5]
+    assert attrs(under_turn[2])["agentsessions.journal.records"] == 2
     chat = under_turn[1]
     assert chat.kind == SpanKind.CLIENT
     assert attrs(chat) == {

@@ -253,12 +253,14 @@ class Settler:
         self, uid: str, start: Start, sink: ExecutionSink, writer: ExecutionWriter
     ) -> Settled | None:
         core = self.core
-        await writer.flushed()  # the answer of its last model call may still be on its way
-        # The execution's own records, as its writer made them durable: no store read per turn.
+        # The execution's own records, as its writer made them durable (no store read per turn),
+        # and the answer of its last model call, which may be ordered but not yet written: an
+        # unbound turn's END then shares that answer's commit.
         events = core.cache.written(uid) or await core.cache.events(uid)
-        judged = judge(execution_tail(events, start.execution_id))
+        judged = judge(execution_tail(events, start.execution_id) + writer.ordered())
         if judged is None:
             return None  # not bound: the Driver ends it as any other
+        await writer.flushed()
         binding, result, error = judged
         end = K.Event(execution_id=start.execution_id, kind=K.EVENT_END)
         if error is None:

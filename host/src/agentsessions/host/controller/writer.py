@@ -10,6 +10,7 @@ cannot be journaled or read back is refused before anything is written.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -119,11 +120,13 @@ class ExecutionWriter:
 
     :meth:`append` returns once the record is durable (and relayed). :meth:`append_soon` is for a
     record nothing outside the journal acts on before the execution's next record: it is checked
-    and ordered at once, made durable and relayed in the background, and every later append,
-    marker or :meth:`flushed` of this execution waits for it first and raises its failure (which
-    stays: the execution's head is then unknown). The host answers a model call that way: the
-    harness gets the completion while its OUTPUT is flushed, and whatever the harness does with
-    it reaches the journal, the client or an effect only after that OUTPUT is durable. A crash in
+    and ordered at once, and made durable with the execution's next append, or in the background
+    :data:`SOON_LINGER_S` after it was ordered if no append comes first (so a model's OUTPUT and
+    the harness's END that follows it share one commit). Every later append, marker or
+    :meth:`flushed` of this execution writes it first, and a failure to write it is raised there
+    and stays (the execution's head is then unknown). The host answers a model call that way: the
+    harness gets the completion while its OUTPUT waits, and whatever the harness does with it
+    reaches the journal, the client or an effect only after that OUTPUT is durable. A crash in
     between leaves the trailing MODEL_CALL a crash during the model call leaves (re-driven once).
     """
 
@@ -133,63 +136,92 @@ class ExecutionWriter:
     head: int  # the execution's last record so far (ordered; durable once ``flushed``)
     on_record: OnRecord | None = None
     strip_execution_id: bool = False  # legacy turns stay id-less in the journal
-    _soon: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    # Ordered by append_soon, not yet handed to the store (the last len() of ``head``'s records).
+    _pending: list[common_pb2.Event] = field(default_factory=list, init=False, repr=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
+    # One write (and its relay) at a time, in the order they were asked for.
+    _writing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
+    _failure: BaseException | None = field(default=None, init=False, repr=False)
+    _background: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     async def append(self, event: common_pb2.Event) -> common_pb2.LogRecord:
-        await self.flushed()
-        if self.strip_execution_id:
-            event.execution_id = ""
-        (rec,) = await self.journal.append(self.uid, [event], self.head, self.fence)
-        self.head = rec.seq
-        if self.on_record is not None:
-            await self.on_record(rec)
-        return rec
-
-    def append_soon(self, event: common_pb2.Event) -> None:
-        """Order ``event`` after the execution's records now; see the class docstring. Raises
-        what :meth:`JournalWriter.checked` raises (nothing is written then)."""
         if self.strip_execution_id:
             event.execution_id = ""
         (checked,) = self.journal.checked([event])
-        before, head = self._soon, self.head
-        self.head = head + 1
+        records = await self._write([checked])
+        return records[-1]
 
-        async def flush() -> None:
-            if before is not None:
-                await before
-            (rec,) = await self.journal.append_checked(self.uid, [checked], head, self.fence)
-            if self.on_record is not None:
-                await self.on_record(rec)
+    def append_soon(self, event: common_pb2.Event) -> None:
+        """Order ``event`` after the execution's records now; see the class docstring. Raises
+        what :meth:`JournalWriter.checked` raises (nothing is ordered then)."""
+        if self.strip_execution_id:
+            event.execution_id = ""
+        (checked,) = self.journal.checked([event])
+        self._pending.append(checked)
+        self.head += 1
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(SOON_LINGER_S, self._linger_over)
 
-        task = asyncio.get_running_loop().create_task(flush())
-        task.add_done_callback(_retrieved)
-        self._soon = task
+    def ordered(self) -> list[common_pb2.Event]:
+        """The events :meth:`append_soon` ordered that are not yet handed to the store."""
+        return list(self._pending)
 
     async def flushed(self) -> None:
         """Return once every record :meth:`append_soon` ordered is durable and relayed; raise the
-        failure of one that was not. A cancel of the caller leaves the flush running."""
-        soon = self._soon
-        if soon is None:
-            return
-        if not soon.done():
-            await asyncio.wait({soon})
-        if soon.cancelled():
-            raise StoreError("journal write abandoned: the host is stopping")
-        failure = soon.exception()
-        if failure is not None:
-            raise failure
-        self._soon = None
+        failure of one that was not. A cancel of the caller leaves a write it started running."""
+        await self._write([])
 
     async def marker(self, lifecycle: common_pb2.Lifecycle) -> common_pb2.LogRecord:
         """A lifecycle marker after the execution's records, under its fence."""
         await self.flushed()
         return await self.journal.marker(self.uid, self.fence, lifecycle, self.on_record)
 
+    def _linger_over(self) -> None:
+        self._timer = None
+        if not self._pending or self._failure is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._flush_in_background())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
-def _retrieved(task: asyncio.Task[None]) -> None:
-    # The failure is raised to whoever appends next; nobody may be left to (the turn was cut).
-    if not task.cancelled():
-        task.exception()
+    async def _flush_in_background(self) -> None:
+        with contextlib.suppress(Exception):  # kept in _failure: raised to whoever writes next
+            await self._write([])
+
+    async def _write(self, events: list[common_pb2.Event]) -> list[common_pb2.LogRecord]:
+        async with self._writing:
+            if self._failure is not None:
+                raise self._failure
+            pending = self._pending
+            if not pending and not events:
+                return []
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._pending = []
+            batch = pending + events if pending else events
+            expected = self.head - len(pending)
+            try:
+                records = await self.journal.append_checked(self.uid, batch, expected, self.fence)
+            except BaseException as exc:
+                if pending:  # records ordered earlier went with it: the head is unknown now
+                    self._failure = (
+                        StoreError("journal write abandoned: cancelled before it was durable")
+                        if isinstance(exc, asyncio.CancelledError)
+                        else exc
+                    )
+                raise
+            self.head = records[-1].seq
+            if self.on_record is not None:
+                for rec in records:
+                    await self.on_record(rec)
+            return records
+
+
+# How long a record ordered with append_soon waits for the execution's next append to share its
+# commit before it is written alone. A turn's END follows its model's OUTPUT by well under this
+# on a busy host; a harness that thinks longer gets its OUTPUT durable (and seen) this much later.
+SOON_LINGER_S = 0.002
 
 
 def _kind(event: common_pb2.Event) -> str:
