@@ -154,3 +154,50 @@ async def test_background_lines_are_written_in_batches_not_one_wake_up_per_line(
         assert stream.writes <= 10
         numbers = [line.rsplit("n=", 1)[1] for line in stream.getvalue().splitlines()]
         assert numbers == [str(i) for i in range(100)]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_line_logged_without_its_record_reads_as_one_logged_with_it(fmt: str) -> None:
+    """``logs.log_fields`` (the access log's path) hands the serving process's writer the line's
+    parts, which it formats with its batch; the line is the one ``Logger.log`` would have made."""
+    values = {"method": "/agentsessions.v1.Sessions/Exec", "code": "OK", "duration_ms": 1.5, "peer": 'a "b"'}
+    stream = io.StringIO()
+    with _background(stream, fmt):
+        log = logging.getLogger("agentsessions.test.fields")
+        requestid.bind("req-1")
+        log.info("rpc", extra=logs.fields(**values))
+        logs.log_fields(log, logging.INFO, "rpc", values)
+        requestid.bind("")
+        logs.drain()
+    with_record, without = stream.getvalue().splitlines()
+    # Everything but the timestamps' milliseconds (the two lines were made apart).
+    if fmt == "json":
+        a, b = json.loads(with_record), json.loads(without)
+        assert a.pop("ts")[:19] == b.pop("ts")[:19]
+        assert a == b and a["request_id"] == "req-1" and a["peer"] == 'a "b"'
+    else:
+        assert with_record.split(" ", 1)[1] == without.split(" ", 1)[1]
+        assert "request_id=req-1" in without and 'peer="a \\"b\\""' in without
+
+
+def test_a_line_logged_without_its_record_still_reaches_any_other_handler() -> None:
+    """With another handler on the way (a test's capture, an embedding application's handler),
+    ``logs.log_fields`` logs the record as usual, so that handler sees it."""
+    seen: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    stream = io.StringIO()
+    capture = Capture()
+    with _background(stream, "text"):
+        log = logging.getLogger("agentsessions.test.fields.other")
+        logging.getLogger().addHandler(capture)
+        try:
+            logs.log_fields(log, logging.INFO, "rpc", {"code": "OK"})
+        finally:
+            logging.getLogger().removeHandler(capture)
+        logs.drain()
+    assert [r.getMessage() for r in seen] == ["rpc"]
+    assert stream.getvalue().rstrip().endswith("rpc code=OK")

@@ -110,7 +110,7 @@ class _Call:
         }
         if self.error:
             values["error"] = self.error
-        log.log(level, "rpc", extra=logs.fields(**values))
+        logs.log_fields(log, level, "rpc", values)
 
 
 def _cancel_code(remaining: float | None) -> grpc.StatusCode:

@@ -45,6 +45,43 @@ def fields(**values: Any) -> dict[str, Any]:
     return {_FIELDS: values}
 
 
+def log_fields(logger: logging.Logger, level: int, msg: str, values: dict[str, Any]) -> None:
+    """``logger.log(level, msg, extra=fields(**values))``, for a caller that checked the level.
+
+    Where the line would reach the serving process's batching writer and nothing else (no other
+    handler, no filter on its way), it goes there as parts, without a LogRecord, and the writer
+    formats it with its batch: on a host that serves a call now and then, building the record and
+    formatting the line cost the loop ~0.1 ms a call, most of it in caches gone cold since the
+    last call (bench/README.md, "What one RPC costs the host"). The line reads the same."""
+    batches = _sole_writer(logger, level)
+    if batches is None:
+        logger.log(level, msg, extra=fields(**values))
+        return
+    request_id = requestid.current()
+    if request_id and "request_id" not in values:
+        values = {**values, "request_id": request_id}
+    batches.add((time.time(), logging.getLevelName(level), logger.name, msg, values))
+
+
+def _sole_writer(logger: logging.Logger, level: int) -> _Batches | None:
+    """The batching writer that alone would see ``logger``'s line at ``level``; None otherwise."""
+    if not _background:
+        return None
+    batches = _background[-1][0]
+    node: logging.Logger | None = logger
+    while node is not None:
+        if node.filters or node.disabled:
+            return None
+        if node.handlers:
+            if node.handlers != [batches] or node.parent is not None:
+                return None  # another handler, or handlers short of the root
+            return batches if not batches.filters and level >= batches.level else None
+        if not node.propagate:
+            return None
+        node = node.parent
+    return None
+
+
 # How long the background writer lets lines gather after the first one before writing them all.
 LINGER_S = 0.02
 
@@ -54,7 +91,8 @@ def configure(
 ) -> None:
     """Route the ``agentsessions`` loggers (and grpc's) to one stderr handler in the chosen format.
 
-    With ``background`` (what ``serve`` asks for) a line is formatted where it is logged and
+    With ``background`` (what ``serve`` asks for) a line is formatted where it is logged (one
+    logged with :func:`log_fields` by the writing thread, from its parts) and
     written by a thread of its own (``_Batches``): a write gives up the GIL, and on a loaded host the
     event loop then waits for the journal's threads to hand it back (py-spy put 3-4% of a loaded
     host's event-loop samples in the access log's writes). Every line still to write is written
@@ -62,7 +100,7 @@ def configure(
     (at most ``LINGER_S`` of them) are lost.
     """
     drain()
-    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    formatter: _FieldsFormatter = JsonFormatter() if fmt == "json" else TextFormatter()
     out = logging.StreamHandler(stream or sys.stderr)
     out.setFormatter(formatter)
     root = logging.getLogger()
@@ -81,13 +119,20 @@ class _Batches(logging.Handler):
     """Formats each record where it is logged and leaves the line to a writing thread, which wakes
     once for the first line of a batch, lets more gather for ``LINGER_S`` and writes them in one
     go. A thread woken for every line (a queue and its listener) cost a host ~0.15 ms of CPU per
-    RPC in wake-ups and GIL hand-offs (bench/README.md, "What one RPC costs the host")."""
+    RPC in wake-ups and GIL hand-offs (bench/README.md, "What one RPC costs the host").
 
-    def __init__(self, stream: TextIO, formatter: logging.Formatter) -> None:
+    :meth:`add` takes a line's parts without a LogRecord (see :func:`direct`); the writing thread
+    formats those with the batch, where formatting thirty lines costs what one costs on a loop
+    that comes back to it cold between calls."""
+
+    def __init__(self, stream: TextIO, formatter: _FieldsFormatter) -> None:
         super().__init__()
         self.setFormatter(formatter)
+        self._fields_formatter = formatter
         self._stream = stream
-        self._lines: list[str] = []  # guarded by the handler's own lock, which handle() holds in emit
+        # Lines, or the parts of lines still to format; guarded by the handler's own lock, which
+        # handle() holds around emit.
+        self._lines: list[str | _Parts] = []
         self._wake = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._write, name="agentsessions-log-writer", daemon=True)
@@ -104,6 +149,14 @@ class _Batches(logging.Handler):
         if first:
             self._wake.set()
 
+    def add(self, parts: _Parts) -> None:
+        """A line's parts, to be formatted and written with the batch."""
+        with self.lock:  # type: ignore[union-attr]  # made by Handler.__init__
+            first = not self._lines
+            self._lines.append(parts)
+        if first:
+            self._wake.set()
+
     def _write(self) -> None:
         while True:
             self._wake.wait()
@@ -114,13 +167,20 @@ class _Batches(logging.Handler):
                 self._wake.clear()
                 closing = self._closing
             if lines:
+                text = [line if isinstance(line, str) else self._formatted(line) for line in lines]
                 try:
-                    self._stream.write("\n".join(lines) + "\n")
+                    self._stream.write("\n".join(text) + "\n")
                     self._stream.flush()
                 except (OSError, ValueError):
                     pass  # stderr gone (closed pipe): the lines cannot go anywhere
             if closing:
                 return
+
+    def _formatted(self, parts: _Parts) -> str:
+        try:
+            return self._fields_formatter.line(*parts)
+        except Exception:  # the writing thread must outlive any line
+            return f"{_timestamp(parts[0])} ERROR agentsessions.host.logs unformattable line from {parts[2]}"
 
     def close(self) -> None:
         """Write what is still gathered and stop the thread."""
@@ -147,19 +207,20 @@ def drain() -> None:
         batches.close()
 
 
-def _timestamp(record: logging.LogRecord) -> str:
-    """``2024-05-01T12:00:00.123Z``; the part up to the second is formatted once a second."""
-    global _second_text, _second
-    second = int(record.created)
-    if second != _second:
-        _second_text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _second = second
-    millis = int((record.created - second) * 1000)
-    return f"{_second_text}.{millis:03d}Z"
+def _timestamp(created: float) -> str:
+    """``2024-05-01T12:00:00.123Z``; the part up to the second is formatted once a second. Called
+    on the event loop and on the writing thread: the second and its text change together."""
+    global _second
+    second = int(created)
+    cached, text = _second
+    if second != cached:
+        text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (second, text)
+    millis = int((created - second) * 1000)
+    return f"{text}.{millis:03d}Z"
 
 
-_second = -1
-_second_text = ""
+_second: tuple[int, str] = (-1, "")
 
 
 def _structured(record: logging.LogRecord) -> dict[str, Any]:
@@ -173,32 +234,54 @@ def _structured(record: logging.LogRecord) -> dict[str, Any]:
     return values
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg, then the structured fields."""
+# A line without its LogRecord: created (time.time()), level name, logger name, message, fields.
+_Parts = tuple[float, str, str, str, dict[str, Any]]
+
+
+class _FieldsFormatter(logging.Formatter):
+    """A formatter whose line is a function of the record's parts alone (:meth:`line`), so a line
+    logged without a LogRecord (:func:`log_fields`) reads exactly as one logged with it."""
+
+    def line(
+        self, created: float, level: str, logger: str, msg: str, values: dict[str, Any], exc: str = ""
+    ) -> str:
+        raise NotImplementedError
 
     def format(self, record: logging.LogRecord) -> str:
+        exc = self.formatException(record.exc_info) if record.exc_info else ""
+        return self.line(
+            record.created, record.levelname, record.name, record.getMessage(), _structured(record), exc
+        )
+
+
+class JsonFormatter(_FieldsFormatter):
+    """One JSON object per line: ts, level, logger, msg, then the structured fields."""
+
+    def line(
+        self, created: float, level: str, logger: str, msg: str, values: dict[str, Any], exc: str = ""
+    ) -> str:
         line: dict[str, Any] = {
-            "ts": _timestamp(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
+            "ts": _timestamp(created),
+            "level": level.lower(),
+            "logger": logger,
+            "msg": msg,
         }
-        line.update(_structured(record))
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+        line.update(values)
+        if exc:
+            line["exc"] = exc
         return json.dumps(line, default=str, separators=(",", ":"))
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_FieldsFormatter):
     """``<ts> <LEVEL> <logger> <msg> key=value ...``; values with spaces or quotes are quoted."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        parts = [_timestamp(record), record.levelname, record.name, record.getMessage()]
-        parts.extend(f"{key}={_text_value(value)}" for key, value in _structured(record).items())
+    def line(
+        self, created: float, level: str, logger: str, msg: str, values: dict[str, Any], exc: str = ""
+    ) -> str:
+        parts = [_timestamp(created), level, logger, msg]
+        parts.extend(f"{key}={_text_value(value)}" for key, value in values.items())
         line = " ".join(parts)
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
+        return line + "\n" + exc if exc else line
 
 
 def _text_value(value: Any) -> str:
