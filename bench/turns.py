@@ -313,10 +313,14 @@ class System:
 def measure_throughput(report: Report, targets: dict[str, System], sizes: Sizes, log: TextIO) -> None:
     """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved, with the
     CPU each process spent per turn (the client's over its timed window, the servers' over the
-    whole client run, warmup included)."""
+    whole client run, warmup included). The systems' order is reversed every other round: on this
+    machine the system measured first in a round runs a few per cent slower (bench/README.md)."""
     for attempt in range(sizes.repeats):
         for sessions in (1, CONCURRENT):
-            for system, sut in targets.items():
+            order = list(targets.items())
+            if attempt % 2:
+                order.reverse()
+            for system, sut in order:
                 before = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
                 result = client_turns(sut.target, sut.harness, sessions, sizes)
                 after = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
