@@ -266,3 +266,30 @@ async def test_an_echo_turn_ends_in_the_commit_of_its_models_output(
         ]
     finally:
         await store.close()
+
+
+async def test_a_cancelled_caller_leaves_the_write_of_ordered_records_running(execution: Execution) -> None:
+    """The OUTPUT ordered with append_soon travels with the END; the END's caller is cancelled
+    while that write is on its way: both records become durable and are relayed, and the
+    execution's next append lands after them (the head is known, nothing stays failed)."""
+    store = execution.store
+    writer = await execution.start()
+    store.hold = True
+    writer.append_soon(_output("echo:hi"))
+    end = asyncio.create_task(writer.append(_end()))
+    await store.reached.wait()  # the OUTPUT and the END are being written, held
+    end.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await end
+    store.gate.set()
+
+    error = K.Event(execution_id=EXECUTION, kind=K.EVENT_ERROR, error=K.Error(code=1, description="gone"))
+    rec = await writer.append(error)
+    assert rec.seq == 4
+    assert execution.relayed == [1, 2, 3, 4]
+    assert [r.event.kind for r in await store.read("s-1")] == [
+        K.EVENT_EXECUTION_START,
+        K.EVENT_OUTPUT,
+        K.EVENT_END,
+        K.EVENT_ERROR,
+    ]

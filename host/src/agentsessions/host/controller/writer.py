@@ -143,6 +143,8 @@ class ExecutionWriter:
     _writing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _failure: BaseException | None = field(default=None, init=False, repr=False)
     _background: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+    # A write of ordered records whose caller stopped waiting (cancelled); it runs to its end.
+    _left: asyncio.Task[list[common_pb2.LogRecord]] | None = field(default=None, init=False, repr=False)
 
     async def append(self, event: common_pb2.Event) -> common_pb2.LogRecord:
         if self.strip_execution_id:
@@ -190,38 +192,68 @@ class ExecutionWriter:
 
     async def _write(self, events: list[common_pb2.Event]) -> list[common_pb2.LogRecord]:
         async with self._writing:
+            left = self._left
+            if left is not None:  # a write whose caller was cancelled: it finishes first
+                self._left = None
+                if not left.done():
+                    await asyncio.wait({left})
+                if left.cancelled() and self._failure is None:
+                    self._failure = StoreError("journal write abandoned: the host is stopping")
             if self._failure is not None:
                 raise self._failure
             pending = self._pending
-            if not pending and not events:
-                return []
+            if not pending:
+                if not events:
+                    return []
+                records = await self.journal.append_checked(self.uid, events, self.head, self.fence)
+                return await self._relayed(records)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             self._pending = []
-            batch = pending + events if pending else events
-            expected = self.head - len(pending)
-            try:
-                records = await self.journal.append_checked(self.uid, batch, expected, self.fence)
-            except BaseException as exc:
-                if pending:  # records ordered earlier went with it: the head is unknown now
-                    self._failure = (
-                        StoreError("journal write abandoned: cancelled before it was durable")
-                        if isinstance(exc, asyncio.CancelledError)
-                        else exc
-                    )
-                raise
-            self.head = records[-1].seq
-            if self.on_record is not None:
-                for rec in records:
-                    await self.on_record(rec)
-            return records
+            # Records ordered earlier go with it: written and relayed whatever becomes of this
+            # caller (a cancel leaves the write running; the next write waits for it).
+            write = asyncio.get_running_loop().create_task(
+                self._write_ordered(pending + events, self.head - len(pending))
+            )
+            write.add_done_callback(_retrieved)
+            self._left = write
+            await asyncio.wait({write})
+            self._left = None
+            return write.result()
+
+    async def _write_ordered(
+        self, batch: list[common_pb2.Event], expected: int
+    ) -> list[common_pb2.LogRecord]:
+        try:
+            records = await self.journal.append_checked(self.uid, batch, expected, self.fence)
+            return await self._relayed(records)
+        except BaseException as exc:  # the head is unknown now: every later write raises it
+            self._failure = (
+                StoreError("journal write abandoned: the host is stopping")
+                if isinstance(exc, asyncio.CancelledError)
+                else exc
+            )
+            raise
+
+    async def _relayed(self, records: list[common_pb2.LogRecord]) -> list[common_pb2.LogRecord]:
+        self.head = records[-1].seq
+        if self.on_record is not None:
+            for rec in records:
+                await self.on_record(rec)
+        return records
 
 
 # How long a record ordered with append_soon waits for the execution's next append to share its
 # commit before it is written alone. A turn's END follows its model's OUTPUT by well under this
 # on a busy host; a harness that thinks longer gets its OUTPUT durable (and seen) this much later.
 SOON_LINGER_S = 0.002
+
+
+def _retrieved(task: asyncio.Task[list[common_pb2.LogRecord]]) -> None:
+    # Its failure stays in _failure, raised to whoever writes next; nobody may be left to.
+    if not task.cancelled():
+        task.exception()
 
 
 def _kind(event: common_pb2.Event) -> str:
