@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentsessions.host.config import ConfigError, HostConfig, add_arguments
+from agentsessions.host.limits import Limits
 
 
 def resolve(argv: list[str], environ: dict[str, str] | None = None) -> HostConfig:
@@ -220,7 +221,8 @@ def test_limits_have_defaults_flags_and_variables() -> None:
     )
     assert (given.limits.max_input_bytes, given.limits.max_executions) == (2048, 8)
     assert given.limits.max_project_executions == 4
-    assert config.limits.max_read_loop_percent == 5
+    assert config.limits.max_read_loop_percent == 2
+    assert config.limits == Limits()  # the flags' defaults are the limits' own (DEFAULT_LIMITS)
     assert resolve(["--max-read-loop-percent", "0"]).limits.max_read_loop_percent == 0  # never paced
     paced = resolve([], {"AGENTSESSIONS_MAX_READ_LOOP_PERCENT": "12"})
     assert paced.limits.max_read_loop_percent == 12

@@ -10,13 +10,15 @@ and the loop is congested, the calls that stream records (``Sessions.Replay``,
 together; at any other time they stream as fast as their clients read them.
 
 The budget is of time, not of records: each step such a call takes on the loop (from the moment
-its task resumes until it suspends again, gRPC's own work for each message included, see
-``LoopBudget.timed``) is measured and charged, so the share holds on a fast machine and on a slow
-one alike, whatever a record costs there. (A fixed 2,000 records a second, the rule before it, was
-about 7% of the loop on a fast evening and far more on a slow one.) The charge is wall time: it
-counts a step's waits for the GIL and the time the machine preempts the loop in it, so a busy
-machine gives readers fewer records for the same share (56-111 us charged a record where the loop
-thread's CPU was 44-66 us, bench/README.md).
+its task resumes until it suspends again, gRPC's serializing and queueing of each message
+included, see ``LoopBudget.timed``) is measured and charged, so the share holds on a fast machine
+and on a slow one alike, whatever a record costs there. (A fixed 2,000 records a second, the rule
+before it, was about 7% of the loop on a fast evening and far more on a slow one.) The charge is
+wall time: it counts a step's waits for the GIL and the time the machine preempts the loop in it,
+so a busy machine gives readers fewer records for the same share (56-111 us charged a record where
+the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRPC's completion work for
+those messages, which runs in its own callbacks: with 20 replayers the turns lost a few times the
+share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%), which is why the default is 2%.
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
