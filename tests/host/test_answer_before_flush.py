@@ -88,6 +88,14 @@ class Execution:
         )
         return self.writer
 
+    async def with_output(self, *, held: bool) -> ExecutionWriter:
+        """The started execution with an OUTPUT ordered after its EXECUTION_START (``held``: the
+        store holds every append of an OUTPUT at its gate)."""
+        writer = await self.start()
+        self.store.hold = held
+        writer.append_soon(_output("echo:hi"))
+        return writer
+
 
 @pytest.fixture
 async def execution(tmp_path: Path) -> AsyncIterator[Execution]:
@@ -138,9 +146,7 @@ async def test_the_next_record_waits_for_the_flush_and_records_are_relayed_in_or
 
 async def test_a_flush_that_fails_is_raised_to_the_next_append_and_stays(execution: Execution) -> None:
     store = execution.store
-    writer = await execution.start()
-    store.hold = True
-    writer.append_soon(_output("echo:hi"))
+    writer = await execution.with_output(held=True)
     await store.reached.wait()
     # Another writer takes the head the OUTPUT was ordered after.
     lifecycle = K.Event(kind=K.EVENT_LIFECYCLE, lifecycle=K.Lifecycle(kind=K.Lifecycle.LIFECYCLE_CANCEL))
@@ -208,8 +214,7 @@ async def test_the_next_append_within_the_linger_shares_the_ordered_records_comm
     execution: Execution,
 ) -> None:
     store = execution.store
-    writer = await execution.start()
-    writer.append_soon(_output("echo:hi"))
+    writer = await execution.with_output(held=False)
     rec = await writer.append(_end())  # at once: well within SOON_LINGER_S
 
     assert rec.seq == 3
@@ -226,8 +231,7 @@ async def test_an_ordered_record_no_append_follows_is_written_alone_after_the_li
     execution: Execution,
 ) -> None:
     store = execution.store
-    writer = await execution.start()
-    writer.append_soon(_output("echo:hi"))
+    writer = await execution.with_output(held=False)
     assert writer.ordered()[0].kind == K.EVENT_OUTPUT  # ordered, not yet handed to the store
     assert store.appends[1:] == []
 
@@ -273,9 +277,7 @@ async def test_a_cancelled_caller_leaves_the_write_of_ordered_records_running(ex
     while that write is on its way: both records become durable and are relayed, and the
     execution's next append lands after them (the head is known, nothing stays failed)."""
     store = execution.store
-    writer = await execution.start()
-    store.hold = True
-    writer.append_soon(_output("echo:hi"))
+    writer = await execution.with_output(held=True)
     end = asyncio.create_task(writer.append(_end()))
     await store.reached.wait()  # the OUTPUT and the END are being written, held
     end.cancel()
