@@ -56,30 +56,29 @@ class LimitsError(ValueError):
 class _Flag:
     flag: str
     attr: str
-    default: int
     what: str
+
+    @property
+    def default(self) -> int:
+        """The limit's default: the :class:`Limits` field's, so the two never disagree."""
+        value: int = getattr(Limits, self.attr)
+        return value
 
 
 _FLAGS: Final = (
-    _Flag(
-        "--max-identity-bytes", "max_identity_bytes", 1024, "each identity field (principal, issuer, subject)"
-    ),
-    _Flag("--max-input-bytes", "max_input_bytes", 1024 * 1024, "an Exec's inputs together"),
-    _Flag("--max-record-bytes", "max_record_bytes", MAX_READABLE_BYTES, "one journal record"),
-    _Flag("--max-executions", "max_executions", 512, "executions running at once on this host"),
-    _Flag(
-        "--max-project-executions", "max_project_executions", 256, "executions running at once per project"
-    ),
+    _Flag("--max-identity-bytes", "max_identity_bytes", "each identity field (principal, issuer, subject)"),
+    _Flag("--max-input-bytes", "max_input_bytes", "an Exec's inputs together"),
+    _Flag("--max-record-bytes", "max_record_bytes", "one journal record"),
+    _Flag("--max-executions", "max_executions", "executions running at once on this host"),
+    _Flag("--max-project-executions", "max_project_executions", "executions running at once per project"),
     _Flag(
         "--max-read-loop-percent",
         "max_read_loop_percent",
-        2,
         "percent of the event loop's time Replay and Watch may take while turns load the host (0: no limit)",
     ),
     _Flag(
         "--max-listed-sessions-per-s",
         "max_listed_sessions_per_s",
-        10_000,
         "sessions listed by ListSessions per second while turns load the host (0: no limit)",
     ),
 )
@@ -90,13 +89,13 @@ _MAY_BE_ZERO: Final = frozenset({"max_read_loop_percent", "max_listed_sessions_p
 _RETIRED: Final = {
     "max_read_records_per_s": "--max-read-records-per-s was replaced by --max-read-loop-percent "
     "(the share of the event loop's time Replay and Watch may take while turns load the host; "
-    "default 5)",
+    "default 2)",
 }
 
 
 @dataclass(frozen=True)
 class Limits:
-    """The limits one host enforces (see the module docstring); defaults are the flags' defaults."""
+    """The limits one host enforces (see the module docstring); the flags' defaults are these."""
 
     max_identity_bytes: int = 1024
     max_input_bytes: int = 1024 * 1024
