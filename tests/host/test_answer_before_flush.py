@@ -295,3 +295,17 @@ async def test_a_cancelled_caller_leaves_the_write_of_ordered_records_running(ex
         K.EVENT_END,
         K.EVENT_ERROR,
     ]
+
+
+async def test_ordered_records_on_their_way_to_the_store_are_still_ordered(execution: Execution) -> None:
+    """A turn's settling reads the execution's records from the journal cache plus ``ordered()``:
+    an OUTPUT whose write the linger started, and which the cache does not hold yet, is in the
+    second (a loaded host once settled a turn on neither, and judged its answer missing)."""
+    store = execution.store
+    writer = await execution.with_output(held=True)
+    await store.reached.wait()  # the linger's write took the OUTPUT and is held at the store
+    assert [e.kind for e in writer.ordered()] == [K.EVENT_OUTPUT]
+    store.gate.set()
+    await writer.flushed()
+    assert writer.ordered() == []
+    assert execution.relayed == [1, 2]

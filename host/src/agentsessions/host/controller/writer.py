@@ -143,6 +143,8 @@ class ExecutionWriter:
     _writing: asyncio.Lock = field(default_factory=asyncio.Lock, init=False, repr=False)
     _failure: BaseException | None = field(default=None, init=False, repr=False)
     _background: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+    # Ordered records handed to the store and not yet appended to the journal cache.
+    _on_the_way: list[common_pb2.Event] = field(default_factory=list, init=False, repr=False)
     # A write of ordered records whose caller stopped waiting (cancelled); it runs to its end.
     _left: asyncio.Task[list[common_pb2.LogRecord]] | None = field(default=None, init=False, repr=False)
 
@@ -165,8 +167,9 @@ class ExecutionWriter:
             self._timer = asyncio.get_running_loop().call_later(SOON_LINGER_S, self._linger_over)
 
     def ordered(self) -> list[common_pb2.Event]:
-        """The events :meth:`append_soon` ordered that are not yet handed to the store."""
-        return list(self._pending)
+        """The events :meth:`append_soon` ordered that the journal cache does not hold yet: those
+        not handed to the store, and those on their way there."""
+        return self._on_the_way + self._pending
 
     async def flushed(self) -> None:
         """Return once every record :meth:`append_soon` ordered is durable and relayed; raise the
@@ -210,7 +213,7 @@ class ExecutionWriter:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self._pending = []
+            self._pending, self._on_the_way = [], pending
             # Records ordered earlier go with it: written and relayed whatever becomes of this
             # caller (a cancel leaves the write running; the next write waits for it).
             write = asyncio.get_running_loop().create_task(
@@ -226,7 +229,10 @@ class ExecutionWriter:
         self, batch: list[common_pb2.Event], expected: int
     ) -> list[common_pb2.LogRecord]:
         try:
-            records = await self.journal.append_checked(self.uid, batch, expected, self.fence)
+            try:
+                records = await self.journal.append_checked(self.uid, batch, expected, self.fence)
+            finally:
+                self._on_the_way = []  # in the journal cache now, or never written
             return await self._relayed(records)
         except BaseException as exc:  # the head is unknown now: every later write raises it
             self._failure = (
