@@ -92,10 +92,10 @@ def configure(
     """Route the ``agentsessions`` loggers (and grpc's) to one stderr handler in the chosen format.
 
     With ``background`` (what ``serve`` asks for) a line is formatted where it is logged (one
-    logged with :func:`log_fields` by the writing thread, from its parts) and
-    written by a thread of its own (``_Batches``): a write gives up the GIL, and on a loaded host the
-    event loop then waits for the journal's threads to hand it back (py-spy put 3-4% of a loaded
-    host's event-loop samples in the access log's writes). Every line still to write is written
+    logged with :func:`log_fields` by the writing thread, from its parts) and written by a thread
+    of its own (``_Batches``): a write gives up the GIL, and on a loaded host the event loop then
+    waits for the journal's threads to hand it back (py-spy put 3-4% of a loaded host's event-loop
+    samples in the access log's writes). Every line still to write is written
     before the process exits normally (``drain``); lines not yet written when the process is killed
     (at most ``LINGER_S`` of them) are lost.
     """
@@ -121,14 +121,13 @@ class _Batches(logging.Handler):
     go. A thread woken for every line (a queue and its listener) cost a host ~0.15 ms of CPU per
     RPC in wake-ups and GIL hand-offs (bench/README.md, "What one RPC costs the host").
 
-    :meth:`add` takes a line's parts without a LogRecord (see :func:`direct`); the writing thread
+    :meth:`add` takes a line's parts without a LogRecord (see :func:`log_fields`); the writing thread
     formats those with the batch, where formatting thirty lines costs what one costs on a loop
     that comes back to it cold between calls."""
 
     def __init__(self, stream: TextIO, formatter: _FieldsFormatter) -> None:
         super().__init__()
-        self.setFormatter(formatter)
-        self._fields_formatter = formatter
+        self._formatter = formatter  # records and parts alike: one line format
         self._stream = stream
         # Lines, or the parts of lines still to format; guarded by the handler's own lock, which
         # handle() holds around emit.
@@ -140,22 +139,22 @@ class _Batches(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            line = self.format(record)
+            line = self._formatter.format(record)
         except Exception:
             self.handleError(record)
             return
-        first = not self._lines
-        self._lines.append(line)
-        if first:
-            self._wake.set()
+        self._gather(line)  # handle() holds the lock around emit
 
     def add(self, parts: _Parts) -> None:
         """A line's parts, to be formatted and written with the batch."""
         with self.lock:  # type: ignore[union-attr]  # made by Handler.__init__
-            first = not self._lines
-            self._lines.append(parts)
-        if first:
+            self._gather(parts)
+
+    def _gather(self, line: str | _Parts) -> None:
+        """Add ``line`` to the batch (the lock held), waking the writer for a batch's first."""
+        if not self._lines:
             self._wake.set()
+        self._lines.append(line)
 
     def _write(self) -> None:
         while True:
@@ -178,7 +177,7 @@ class _Batches(logging.Handler):
 
     def _formatted(self, parts: _Parts) -> str:
         try:
-            return self._fields_formatter.line(*parts)
+            return self._formatter.line(*parts)
         except Exception:  # the writing thread must outlive any line
             return f"{_timestamp(parts[0])} ERROR agentsessions.host.logs unformattable line from {parts[2]}"
 
