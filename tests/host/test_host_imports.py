@@ -1,8 +1,9 @@
 """The host loads what it serves with and nothing else: packages that only some flags use (the
 OpenAI-compatible provider's HTTP stack, PostgreSQL, OpenTelemetry, API included, which loads once a
 provider is installed, progress bars, the HTTP listener's aiohttp, JSON Schema for turns bound to a
-result schema) are imported when those flags or requests are, so a plain ``agentsessions serve``
-starts fast (bench/startup.py)."""
+result schema) are imported when those flags or requests are, and so are the built-in harnesses
+with the SDK's harness side (its server and native API), so a plain ``agentsessions serve`` starts
+fast (bench/startup.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,18 @@ print(json.dumps(loaded))
 """
 
 
-def loaded_after(code: str) -> list[str]:
-    program = f"PREFIXES = {OPTIONAL!r}\n{code}"
+# Loaded by the first session on a built-in harness (controller.harnesses.BuiltinHarness).
+HARNESS_SIDE = (
+    "agentsessions.harnesses",
+    "agentsessions.sdk.execution",
+    "agentsessions.sdk.native",
+    "agentsessions.sdk.servicer",
+    "agentsessions.sdk.serving",
+)
+
+
+def loaded_after(code: str, prefixes: tuple[str, ...] = OPTIONAL) -> list[str]:
+    program = f"PREFIXES = {prefixes!r}\n{code}"
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
     )
@@ -62,3 +73,19 @@ def test_a_result_schema_loads_json_schema_when_checked() -> None:
     loaded = loaded_after(code)
     assert "jsonschema" in loaded
     assert "aiohttp" not in loaded
+
+
+def test_serving_loads_no_built_in_harness_until_one_is_used() -> None:
+    assert loaded_after(PROBE, HARNESS_SIDE) == []
+    code = PROBE.replace(
+        "loaded =",
+        "import asyncio\n"
+        "from agentsessions.host.controller.harnesses import BuiltinHarness\n"
+        "echo = BuiltinHarness('agentsessions.harnesses.echo', 'EchoHarness')\n"
+        "assert not any(m.startswith('agentsessions.harnesses.') for m in sys.modules)\n"
+        "assert asyncio.run(echo.describe()).id\n"
+        "loaded =",
+    )
+    loaded = loaded_after(code, HARNESS_SIDE)
+    assert "agentsessions.harnesses.echo" in loaded
+    assert "agentsessions.harnesses.chat" not in loaded

@@ -20,9 +20,6 @@ from dataclasses import dataclass, field
 from grpc import aio
 
 from agentsessions.ext.v1 import compaction_pb2_grpc, live_pb2_grpc, subagents_pb2_grpc
-from agentsessions.harnesses.chat import ChatHarness
-from agentsessions.harnesses.counter import CounterHarness
-from agentsessions.harnesses.echo import EchoHarness
 from agentsessions.host.auth import AuthFileError, AuthInterceptor, PrincipalAccess, load_principals
 from agentsessions.host.auth.principals import ADMIN, Principal
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -31,7 +28,7 @@ from agentsessions.host.controller.access import SessionAccess
 from agentsessions.host.controller.approval_policy import ApprovalPolicy
 from agentsessions.host.controller.compaction import CompactionSettings
 from agentsessions.host.controller.controller import Controller
-from agentsessions.host.controller.harnesses import HarnessCatalog, StaticHarness
+from agentsessions.host.controller.harnesses import BuiltinHarness, HarnessCatalog, StaticHarness
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.idempotency import IdempotencyInterceptor
@@ -151,10 +148,10 @@ async def build_controller(
 
     app.on_close(close_remotes)
     static = {
-        "echo": StaticHarness(EchoHarness()),
-        "chat": StaticHarness(ChatHarness()),
+        "echo": StaticHarness(BuiltinHarness("agentsessions.harnesses.echo", "EchoHarness")),
+        "chat": StaticHarness(BuiltinHarness("agentsessions.harnesses.chat", "ChatHarness")),
         # Needs memory snapshots, which no runtime here takes: served so the refusal can be seen.
-        "counter": StaticHarness(CounterHarness()),
+        "counter": StaticHarness(BuiltinHarness("agentsessions.harnesses.counter", "CounterHarness")),
     }
     for name, address in config.harnesses:
         static[name] = StaticHarness(dial(address), address)

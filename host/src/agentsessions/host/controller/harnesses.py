@@ -5,8 +5,10 @@ runs a harness makes first (Describe, bounded, then placement on the harness's r
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from agentsessions.host.controller.errors import (
     FailedPreconditionError,
@@ -17,13 +19,40 @@ from agentsessions.host.controller.errors import (
 )
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime, placement_refusal
-from agentsessions.sdk.harness import Harness
+from agentsessions.sdk.harness import EventSink, Harness, Start
 from agentsessions.v1 import harness_pb2, harness_registry_pb2
 
 DESCRIBE_TIMEOUT_S = 10.0
 
 # Builds a Harness that dials an address (host:port, dns:///..., unix:...).
 RemoteFactory = Callable[[str], Harness]
+
+
+class BuiltinHarness:
+    """A harness class shipped with the host, imported and built at its first use: a host serving
+    only its own harnesses' sessions, or only remote ones, starts without loading the others (and
+    the SDK's native API they are written in)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self._where = (module, name)
+        self._harness: Harness | None = None
+
+    def loaded(self) -> Harness:
+        """The harness object, built on the first call."""
+        if self._harness is None:
+            module, name = self._where
+            self._harness = getattr(importlib.import_module(module), name)()
+        return self._harness
+
+    async def describe(self) -> harness_pb2.HarnessDescriptor:
+        return await self.loaded().describe()
+
+    async def run(self, start: Start, sink: EventSink) -> None:
+        await self.loaded().run(start, sink)
+
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else the harness offers (``cancel``, say) is the loaded object's own.
+        return getattr(self.loaded(), name)
 
 
 @dataclass(frozen=True)
