@@ -16,7 +16,7 @@ def test_a_serving_process_collects_its_young_objects_less_often() -> None:
         server.collect_garbage_for_serving()
         young, middle, oldest = gc.get_threshold()
         assert young == server.GC_YOUNG_THRESHOLD > before[0]
-        assert middle >= 20 and oldest == before[2]
+        assert middle == server.GC_MIDDLE_THRESHOLD and oldest == before[2]
         # What the process had loaded is out of the collector's sight from then on.
         assert gc.get_freeze_count() > 0
     finally:

@@ -75,24 +75,32 @@ def run(args: argparse.Namespace) -> int:
         installed.shutdown()
 
 
-# The youngest generation is collected after this many new container objects (CPython: 700).
-GC_YOUNG_THRESHOLD = 50_000
+# The youngest generation is collected after this many new container objects (CPython: 700), the
+# middle one after this many collections of the youngest (CPython: 10).
+GC_YOUNG_THRESHOLD = 100_000
+GC_MIDDLE_THRESHOLD = 3
 
 
 def collect_garbage_for_serving() -> None:
-    """The collector tuned for a host process: at CPython's default a loaded host collects its
+    """The collector tuned for a host process. At CPython's default a loaded host collects its
     young objects 130 times a second, and everything a turn holds lives across two of those
     collections, so it reaches the oldest generation, whose collections then run every second
     and pause the event loop for 60-240 ms each (bench/load.py: 3.4 s of 30 s in the collector).
-    With a larger young generation a turn's objects die young: 0.6 s in the collector, no
-    collection of the oldest generation in the same run. Memory is bounded by the threshold.
+
+    Under load a young collection walks mostly the turns in flight, and a larger threshold spaces
+    collections out much more than it lengthens them; a middle collection walks what the host
+    kept since the last one (the journal cache), so it lengthens with the time between them.
+    bench/load.py, 200 sessions with readers for 150 s: at 100,000 and 3, 27 young collections of
+    ~45 ms and 5 middle ones of 150-190 ms, 1.7 s in the collector; at 50,000 and 20 (before),
+    160 young of ~20 ms and 7 middle of 120-140 ms, 4.2 s; at 100,000 and CPython's 10, 2 middle
+    collections of 320-360 ms. Memory is bounded by the thresholds.
 
     What the process holds by now (its modules, classes and configuration, ~60,000 objects, all
     living as long as it does) is frozen out of the collector's sight (``gc.freeze``), so no later
     collection walks it again."""
     gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, max(middle, 20), oldest)
+    oldest = gc.get_threshold()[2]
+    gc.set_threshold(GC_YOUNG_THRESHOLD, GC_MIDDLE_THRESHOLD, oldest)
 
 
 async def serve(
