@@ -4,6 +4,7 @@ and is then the same harness as the class itself: one object, every call and hoo
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -67,3 +68,11 @@ def test_the_host_s_built_in_harnesses_load_by_name() -> None:
     ]:
         descriptor = asyncio.run(BuiltinHarness(module, name).describe())
         assert expected in descriptor.id
+
+
+def test_a_copy_without_its_state_does_not_recurse() -> None:
+    harness = copy.copy(BuiltinHarness(__name__, "NoHooks"))
+    assert asyncio.run(harness.describe()).id == "plain"
+    bare = BuiltinHarness.__new__(BuiltinHarness)
+    with pytest.raises(AttributeError):
+        bare.loaded()

@@ -93,7 +93,7 @@ def collect_garbage_for_serving() -> None:
     bench/load.py, 200 sessions with readers for 150 s: at 100,000 and 3, 27 young collections of
     ~45 ms and 5 middle ones of 150-190 ms, 1.7 s in the collector; at 50,000 and 20 (before),
     160 young of ~20 ms and 7 middle of 120-140 ms, 4.2 s; at 100,000 and CPython's 10, 2 middle
-    collections of 320-360 ms. Memory is bounded by the thresholds.
+    collections of 320-360 ms. Garbage waiting for a collection is bounded by the thresholds.
 
     What the process holds by now (its modules, classes and configuration, ~60,000 objects, all
     living as long as it does) is frozen out of the collector's sight (``gc.freeze``), so no later

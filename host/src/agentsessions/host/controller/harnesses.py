@@ -29,9 +29,8 @@ RemoteFactory = Callable[[str], Harness]
 
 
 class BuiltinHarness:
-    """A harness class shipped with the host, imported and built at its first use: a host serving
-    only its own harnesses' sessions, or only remote ones, starts without loading the others (and
-    the SDK's native API they are written in)."""
+    """A harness class shipped with the host, imported and built at its first use: a host whose
+    sessions never run it does not load it, nor the SDK's native API it is written with."""
 
     def __init__(self, module: str, name: str) -> None:
         self._where = (module, name)
@@ -51,7 +50,10 @@ class BuiltinHarness:
         await self.loaded().run(start, sink)
 
     def __getattr__(self, name: str) -> Any:
-        # Whatever else the harness offers (``cancel``, say) is the loaded object's own.
+        # Whatever else the harness offers (``cancel``, say) is the loaded object's own; private
+        # names are this wrapper's (missing ones, as on a copy made without __init__, stay missing).
+        if name.startswith("_"):
+            raise AttributeError(name)
         return getattr(self.loaded(), name)
 
 
