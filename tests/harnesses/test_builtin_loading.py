@@ -43,7 +43,7 @@ class NoHooks:
 
 def test_the_harness_is_built_once_at_its_first_use_and_answers_as_itself() -> None:
     BUILT.clear()
-    harness = BuiltinHarness(__name__, "Recorder")
+    harness = BuiltinHarness(f"{__name__}:Recorder")
     assert BUILT == []
     assert asyncio.run(harness.describe()).id == "recorder"
     asyncio.run(harness.run(None, None))  # type: ignore[arg-type]
@@ -55,23 +55,23 @@ def test_the_harness_is_built_once_at_its_first_use_and_answers_as_itself() -> N
 
 def test_a_hook_the_harness_lacks_stays_missing() -> None:
     # The controller looks hooks up with getattr(harness, "cancel", None).
-    harness = BuiltinHarness(__name__, "NoHooks")
+    harness = BuiltinHarness(f"{__name__}:NoHooks")
     assert getattr(harness, "cancel", None) is None
     with pytest.raises(AttributeError):
         harness.snapshot  # noqa: B018
 
 
 def test_the_host_s_built_in_harnesses_load_by_name() -> None:
-    for module, name, expected in [
-        ("agentsessions.harnesses.echo", "EchoHarness", "echo"),
-        ("agentsessions.harnesses.chat", "ChatHarness", "chat"),
+    for target, expected in [
+        ("agentsessions.harnesses.echo:EchoHarness", "echo"),
+        ("agentsessions.harnesses.chat:ChatHarness", "chat"),
     ]:
-        descriptor = asyncio.run(BuiltinHarness(module, name).describe())
+        descriptor = asyncio.run(BuiltinHarness(target).describe())
         assert expected in descriptor.id
 
 
 def test_a_copy_without_its_state_does_not_recurse() -> None:
-    harness = copy.copy(BuiltinHarness(__name__, "NoHooks"))
+    harness = copy.copy(BuiltinHarness(f"{__name__}:NoHooks"))
     assert asyncio.run(harness.describe()).id == "plain"
     bare = BuiltinHarness.__new__(BuiltinHarness)
     with pytest.raises(AttributeError):

@@ -81,7 +81,7 @@ def test_serving_loads_no_built_in_harness_until_one_is_used() -> None:
         "loaded =",
         "import asyncio\n"
         "from agentsessions.host.controller.harnesses import BuiltinHarness\n"
-        "echo = BuiltinHarness('agentsessions.harnesses.echo', 'EchoHarness')\n"
+        "echo = BuiltinHarness('agentsessions.harnesses.echo:EchoHarness')\n"
         "assert not any(m.startswith('agentsessions.harnesses.') for m in sys.modules)\n"
         "assert asyncio.run(echo.describe()).id\n"
         "loaded =",

@@ -148,10 +148,10 @@ async def build_controller(
 
     app.on_close(close_remotes)
     static = {
-        "echo": StaticHarness(BuiltinHarness("agentsessions.harnesses.echo", "EchoHarness")),
-        "chat": StaticHarness(BuiltinHarness("agentsessions.harnesses.chat", "ChatHarness")),
+        "echo": StaticHarness(BuiltinHarness("agentsessions.harnesses.echo:EchoHarness")),
+        "chat": StaticHarness(BuiltinHarness("agentsessions.harnesses.chat:ChatHarness")),
         # Needs memory snapshots, which no runtime here takes: served so the refusal can be seen.
-        "counter": StaticHarness(BuiltinHarness("agentsessions.harnesses.counter", "CounterHarness")),
+        "counter": StaticHarness(BuiltinHarness("agentsessions.harnesses.counter:CounterHarness")),
     }
     for name, address in config.harnesses:
         static[name] = StaticHarness(dial(address), address)

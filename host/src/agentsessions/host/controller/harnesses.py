@@ -5,7 +5,6 @@ runs a harness makes first (Describe, bounded, then placement on the harness's r
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,18 +28,20 @@ RemoteFactory = Callable[[str], Harness]
 
 
 class BuiltinHarness:
-    """A harness class shipped with the host, imported and built at its first use: a host whose
-    sessions never run it does not load it, nor the SDK's native API it is written with."""
+    """A harness shipped with the host, named as ``agentsessions-harness serve`` names one
+    (``module:attribute``), imported and built at its first use: a host whose sessions never run
+    it does not load it, nor the SDK's native API it is written with."""
 
-    def __init__(self, module: str, name: str) -> None:
-        self._where = (module, name)
+    def __init__(self, target: str) -> None:
+        self._target = target
         self._harness: Harness | None = None
 
     def loaded(self) -> Harness:
-        """The harness object, built on the first call."""
+        """The harness object, built on the first call (``agentsessions.sdk.cli.load_harness``)."""
         if self._harness is None:
-            module, name = self._where
-            self._harness = getattr(importlib.import_module(module), name)()
+            from agentsessions.sdk.cli import load_harness  # loads the SDK's server side: first use only
+
+            self._harness = load_harness(self._target)
         return self._harness
 
     async def describe(self) -> harness_pb2.HarnessDescriptor:

@@ -16,9 +16,10 @@ and on a slow one alike, whatever a record costs there. (A fixed 2,000 records a
 before it, was about 7% of the loop on a fast evening and far more on a slow one.) The charge is
 wall time: it counts a step's waits for the GIL and the time the machine preempts the loop in it,
 so a busy machine gives readers fewer records for the same share (56-111 us charged a record where
-the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRPC's completion work for
-those messages, which runs in its own callbacks: with 20 replayers the turns lost a few times the
-share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%), which is why the default is 2%.
+the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRPC's completion
+work for those messages, which runs in its own callbacks: with 20 replayers the turns lost a few
+times the share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%), which is why the default
+is 2%.
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
