@@ -1,7 +1,9 @@
 """A model call is answered while its OUTPUT is flushed (ExecutionWriter.append_soon): the record
 is ordered at once, relayed only once durable, and the execution's next record waits for it (or,
 when it comes within the linger, shares its commit); its failure is raised to whoever appends next
-and stays; a record the journal refuses on sight is refused before anything is scheduled.
+and stays; a record the journal refuses on sight is refused before anything is scheduled. The
+MODEL_CALL intent is ordered the same way, unless the host is told to make it durable first
+(``--write-ahead-model-calls``).
 
 The journal is a real SQLite store whose append of an OUTPUT can be held at a gate (so each step
 is event-gated, never timed)."""
@@ -21,7 +23,8 @@ from agentsessions.host.controller.writer import ExecutionWriter, JournalWriter
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.echo import EchoModel
-from agentsessions.v1 import common_pb2
+from agentsessions.host.models.provider import DeltaCallback
+from agentsessions.v1 import common_pb2, harness_pb2
 
 K = common_pb2
 EXECUTION = "00000000000000e1"
@@ -180,7 +183,10 @@ async def test_a_record_the_journal_refuses_on_sight_is_refused_before_anything_
         await store.close()
 
 
-async def test_the_harness_gets_the_answer_while_its_output_is_flushed(execution: Execution) -> None:
+@pytest.mark.parametrize("intent_soon", [True, False], ids=["intent-ordered", "write-ahead"])
+async def test_the_harness_gets_the_answer_while_its_output_is_flushed(
+    execution: Execution, intent_soon: bool
+) -> None:
     store = execution.store
     writer = await execution.start()
     sink = ExecutionSink(
@@ -190,6 +196,7 @@ async def test_the_harness_gets_the_answer_while_its_output_is_flushed(execution
         append_soon=writer.append_soon,
         model=EchoModel(),
         tools=None,
+        model_intent_soon=intent_soon,
     )
     store.hold = True
     user = K.Message(role="user", parts=[K.Part(text=K.TextPart(text="hi"))])
@@ -199,8 +206,14 @@ async def test_the_harness_gets_the_answer_while_its_output_is_flushed(execution
     assert reply.message.parts[0].text.text == "echo:hi"
     assert reply.model_call_id == "call-1"
     await store.reached.wait()  # the OUTPUT is on its way, held
-    assert (await store.head("s-1")).seq == 2  # the MODEL_CALL intent was durable before the model ran
-    assert execution.relayed == [1, 2]
+    if intent_soon:  # the MODEL_CALL travels with its OUTPUT: neither is durable or relayed yet
+        assert store.appends[1:] == [[K.EVENT_MODEL_CALL, K.EVENT_OUTPUT]]
+        assert (await store.head("s-1")).seq == 1
+        assert execution.relayed == [1]
+    else:  # the MODEL_CALL intent was durable before the model ran
+        assert store.appends[1:] == [[K.EVENT_MODEL_CALL], [K.EVENT_OUTPUT]]
+        assert (await store.head("s-1")).seq == 2
+        assert execution.relayed == [1, 2]
 
     store.gate.set()
     await writer.flushed()
@@ -244,11 +257,13 @@ async def test_an_ordered_record_no_append_follows_is_written_alone_after_the_li
     assert [r.event.kind for r in await store.read("s-1")] == [K.EVENT_EXECUTION_START, K.EVENT_OUTPUT]
 
 
+@pytest.mark.parametrize("write_ahead", [False, True], ids=["default", "write-ahead-model-calls"])
 async def test_an_echo_turn_ends_in_the_commit_of_its_models_output(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_ahead: bool
 ) -> None:
-    """On a real host: EXECUTION_START with its INPUT, the MODEL_CALL, then the OUTPUT and END
-    together (the turn's settling reads the ordered OUTPUT instead of forcing it out alone)."""
+    """On a real host: EXECUTION_START with its INPUT, then the MODEL_CALL, the OUTPUT and the END
+    in one commit (the turn's settling reads the ordered records instead of forcing them out
+    alone); with write-ahead model calls the MODEL_CALL is a commit of its own before them."""
     from agentsessions.host.controller import writer
     from agentsessions.v1 import session_pb2
     from tests.support.host import running_host, text_input
@@ -258,16 +273,16 @@ async def test_an_echo_turn_ends_in_the_commit_of_its_models_output(
     assert isinstance(store, HeldSqliteStore)
     store.reached, store.gate, store.kinds, store.appends = asyncio.Event(), asyncio.Event(), [], []
     try:
-        async with running_host(store) as host:
+        async with running_host(store, write_ahead_model_calls=write_ahead) as host:
             created = await host.sessions.CreateSession(
                 session_pb2.CreateSessionRequest(session=session_pb2.Session(harness="echo"))
             )
             await host.exec(session_pb2.ExecRequest(session=created.metadata.uid, inputs=[text_input("hi")]))
-        assert store.appends == [
-            [K.EVENT_EXECUTION_START, K.EVENT_INPUT],
-            [K.EVENT_MODEL_CALL],
-            [K.EVENT_OUTPUT, K.EVENT_END],
-        ]
+        start = [K.EVENT_EXECUTION_START, K.EVENT_INPUT]
+        if write_ahead:
+            assert store.appends == [start, [K.EVENT_MODEL_CALL], [K.EVENT_OUTPUT, K.EVENT_END]]
+        else:
+            assert store.appends == [start, [K.EVENT_MODEL_CALL, K.EVENT_OUTPUT, K.EVENT_END]]
     finally:
         await store.close()
 
@@ -309,3 +324,80 @@ async def test_ordered_records_on_their_way_to_the_store_are_still_ordered(execu
     await writer.flushed()
     assert writer.ordered() == []
     assert execution.relayed == [1, 2]
+
+
+async def test_records_ordered_while_a_write_is_on_its_way_follow_it(execution: Execution) -> None:
+    """The linger's write of an OUTPUT is held at the store when the harness's next model call
+    orders its MODEL_CALL: that record follows the write (the writer's head counts it), and the
+    next append lands after both (the head was once reset to the write's last record, and the
+    MODEL_CALL's flush then failed its compare-and-set)."""
+    store = execution.store
+    writer = await execution.with_output(held=True)
+    await store.reached.wait()  # the linger took the OUTPUT; its write is held
+    call = K.ModelCall(model="echo", id="m2")
+    writer.append_soon(K.Event(execution_id=EXECUTION, kind=K.EVENT_MODEL_CALL, model=call))
+    assert writer.head == 3
+    store.gate.set()
+    await writer.flushed()
+    assert writer.head == 3
+    rec = await writer.append(_end())
+    assert rec.seq == 4
+    assert execution.relayed == [1, 2, 3, 4]
+    assert [r.event.kind for r in await store.read("s-1")] == [
+        K.EVENT_EXECUTION_START,
+        K.EVENT_OUTPUT,
+        K.EVENT_MODEL_CALL,
+        K.EVENT_END,
+    ]
+    assert await store.verify("s-1") == 4
+
+
+class HeldModel(EchoModel):
+    """The echo model, answering each call only once ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def complete(
+        self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
+    ) -> harness_pb2.ModelResult:
+        self.asked.set()
+        await self.release.wait()
+        return await super().complete(call, on_delta)
+
+
+async def test_a_model_call_longer_than_the_linger_has_its_intent_durable_before_it_answers(
+    execution: Execution,
+) -> None:
+    """The MODEL_CALL is ordered as the model is asked; a call that takes longer than the linger
+    finds it written alone by the linger's timer (durable, relayed) before its answer comes."""
+    store = execution.store
+    writer = await execution.start()
+    model = HeldModel()
+    sink = ExecutionSink(
+        session="s-1",
+        execution_id=EXECUTION,
+        append=writer.append,
+        append_soon=writer.append_soon,
+        model=model,
+        tools=None,
+        model_intent_soon=True,
+    )
+    user = K.Message(role="user", parts=[K.Part(text=K.TextPart(text="hi"))])
+    answer = asyncio.create_task(sink.model(K.ModelCall(model="echo", id="call-1", messages=[user])))
+    await model.asked.wait()
+    async with asyncio.timeout(30):  # the linger's timer writes the intent; nothing else asks
+        while execution.relayed[-1] < 2:
+            execution.relay_seen.clear()
+            await execution.relay_seen.wait()
+    assert store.appends[1:] == [[K.EVENT_MODEL_CALL]]
+    assert not answer.done()
+
+    model.release.set()
+    reply = await answer
+    assert reply.message.parts[0].text.text == "echo:hi"
+    await writer.flushed()
+    kinds = [r.event.kind for r in await store.read("s-1")]
+    assert kinds == [K.EVENT_EXECUTION_START, K.EVENT_MODEL_CALL, K.EVENT_OUTPUT]

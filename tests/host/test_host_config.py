@@ -54,6 +54,16 @@ def test_environment_fills_what_flags_leave_out_and_flags_win() -> None:
     assert flagged.harnesses == [("gamma", "localhost:9003")]
 
 
+def test_write_ahead_model_calls_is_off_unless_a_flag_or_the_environment_asks() -> None:
+    assert resolve([]).write_ahead_model_calls is False
+    assert resolve(["--write-ahead-model-calls"]).write_ahead_model_calls is True
+    environ = {"AGENTSESSIONS_WRITE_AHEAD_MODEL_CALLS": "true"}
+    assert resolve([], environ).write_ahead_model_calls is True
+    assert resolve([], {"AGENTSESSIONS_WRITE_AHEAD_MODEL_CALLS": "off"}).write_ahead_model_calls is False
+    with pytest.raises(ConfigError, match="AGENTSESSIONS_WRITE_AHEAD_MODEL_CALLS 'maybe' is not a boolean"):
+        resolve([], {"AGENTSESSIONS_WRITE_AHEAD_MODEL_CALLS": "maybe"})
+
+
 def test_the_model_key_comes_from_the_environment_and_never_shows_in_repr() -> None:
     config = resolve([], {"OPENAI_API_KEY": "sk-fallback", "MODEL_API_KEY": "sk-preferred"})
     assert config.model_api_key == "sk-preferred"

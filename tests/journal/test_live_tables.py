@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentsessions.host.journal import ConflictError, JournalStore, SessionRow, open_store
-from agentsessions.host.journal.feed import JournalFeed, SessionDeleted
+from agentsessions.host.journal.feed import DeltaGate, FeedItem, JournalFeed, SessionDeleted
 from agentsessions.host.journal.live import (
     DONE,
     PARKED,
@@ -28,7 +28,7 @@ from agentsessions.host.journal.live import (
     LiveStore,
     QueuedTurnGone,
 )
-from agentsessions.v1 import common_pb2
+from agentsessions.v1 import common_pb2, session_pb2
 from tests.journal.conftest import StoreFactory
 
 K = common_pb2.EventKind
@@ -239,6 +239,63 @@ async def test_a_subscription_never_holds_more_than_its_limit() -> None:
         assert sub.take_overflow()  # the follower must read what it missed from the journal
         assert await sub.next(0.01) is None
     assert feed.watched("s") == 0
+
+
+def _record(seq: int, kind: common_pb2.EventKind.ValueType, model_call: str = "") -> common_pb2.LogRecord:
+    event = common_pb2.Event(kind=kind)
+    if model_call:
+        event.model.id = model_call
+    return common_pb2.LogRecord(seq=seq, event=event)
+
+
+def _kinds(items: list[FeedItem] | None) -> list[str]:
+    """Each item as ``seq`` for a record, ``chunk`` for a delta."""
+    out: list[str] = []
+    for item in items or []:
+        if isinstance(item, common_pb2.LogRecord):
+            out.append(str(item.seq))
+        elif isinstance(item, session_pb2.Delta):
+            out.append(item.chunk)
+    return out
+
+
+async def test_held_deltas_reach_followers_right_after_their_model_call() -> None:
+    """A MODEL_CALL the host ordered without waiting for it: its deltas wait for the record and
+    go right after it, in one announcement with the records that follow."""
+    feed = JournalFeed()
+    K = common_pb2
+    with feed.subscribe("s") as sub, feed.subscribe("s") as other:
+        feed.appended("s", [_record(1, K.EVENT_INPUT)])
+        feed.hold_deltas("s", "m1")
+        feed.delta("s", session_pb2.Delta(chunk="a"))
+        feed.delta("s", session_pb2.Delta(chunk="b"))
+        feed.appended("s", [_record(2, K.EVENT_MODEL_CALL, "m0")])  # another call's: still held
+        feed.appended("s", [_record(3, K.EVENT_MODEL_CALL, "m1"), _record(4, K.EVENT_OUTPUT)])
+        feed.delta("s", session_pb2.Delta(chunk="c"))  # after the record: straight through
+        assert _kinds(await sub.next(1.0)) == ["1", "2", "3", "a", "b", "4", "c"]
+        assert _kinds(await other.next(1.0)) == ["1", "2", "3", "a", "b", "4", "c"]
+        # A hold whose record never comes is released by the turn that made it.
+        feed.hold_deltas("s", "m2")
+        feed.delta("s", session_pb2.Delta(chunk="d"))
+        assert await sub.next(0.01) is None
+        feed.release_deltas("s")
+        feed.delta("s", session_pb2.Delta(chunk="e"))
+        assert _kinds(await sub.next(1.0)) == ["d", "e"]
+
+
+def test_a_delta_gate_holds_frames_until_its_model_call_goes_out() -> None:
+    out: list[str] = []
+    gate = DeltaGate(lambda d: out.append(d.chunk))
+    gate.delta(session_pb2.Delta(chunk="x"))
+    gate.hold("m1")
+    gate.delta(session_pb2.Delta(chunk="y"))
+    gate.seen(_record(5, common_pb2.EVENT_OUTPUT))
+    assert (out, gate.holding) == (["x"], True)
+    gate.hold("m2")  # a new hold lets the earlier one's frames go first
+    assert out == ["x", "y"]
+    gate.delta(session_pb2.Delta(chunk="z"))
+    gate.seen(_record(6, common_pb2.EVENT_MODEL_CALL, "m2"))
+    assert (out, gate.holding) == (["x", "y", "z"], False)
 
 
 async def _cancelled_while_queued(work: Awaitable[list[common_pb2.LogRecord]]) -> None:

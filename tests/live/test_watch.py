@@ -69,7 +69,8 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
     async with asyncio.timeout(WAIT_S):
         await running.wait()
     host.harness.open("hi")
-    streamed = [u.record async for u in exec_call if u.WhichOneof("update") == "record"]
+    exec_updates = [u async for u in exec_call]
+    streamed = [u.record for u in exec_updates if u.WhichOneof("update") == "record"]
     async with asyncio.timeout(WAIT_S):
         await ended.wait()
     await watcher
@@ -82,11 +83,16 @@ async def test_watch_follows_a_turn_live_with_state_changes_and_deltas(host: Liv
     deltas = [u.delta for u in watched if u.HasField("delta")]
     assert "".join(d.chunk for d in deltas) == "echo:hi"
     assert deltas[-1].done
-    # Each delta precedes the OUTPUT it streams.
-    output_at = next(
-        i for i, u in enumerate(watched) if u.HasField("record") and u.record.event.kind == K.EVENT_OUTPUT
-    )
-    assert all(i < output_at for i, u in enumerate(watched) if u.HasField("delta"))
+    # Each delta comes after its call's MODEL_CALL and before the OUTPUT it streams, on the Exec
+    # stream as for the watcher (the echo model streams before its MODEL_CALL is durable: the
+    # host orders the record without waiting for it, and holds the frames until it has gone out).
+    updates: list[live_pb2.WatchUpdate] | list[session_pb2.ExecUpdate]
+    for updates in (watched, exec_updates):
+        kinds_at = [u.record.event.kind if u.WhichOneof("update") == "record" else None for u in updates]
+        delta_at = [i for i, u in enumerate(updates) if u.WhichOneof("update") == "delta"]
+        assert len(delta_at) == len(deltas)
+        model_call_at, output_at = kinds_at.index(K.EVENT_MODEL_CALL), kinds_at.index(K.EVENT_OUTPUT)
+        assert all(model_call_at < i < output_at for i in delta_at), updates
 
 
 async def test_many_watchers_see_the_same_records_once(host: LiveHost) -> None:

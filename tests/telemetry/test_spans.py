@@ -100,11 +100,11 @@ async def test_echo_turn_span_tree_without_payloads(
     assert attrs(admission)["agentsessions.journal.last_seq"] == 2
 
     under_turn = sorted(children(spans, turn), key=lambda s: s.start_time or 0)
-    # The MODEL_CALL, the model call, then the OUTPUT and the END in one append.
-    assert [s.name for s in under_turn] == ["journal.append", "chat echo", "journal.append"]
-    assert [attrs(s).get("agentsessions.journal.last_seq") for s in under_turn] == [3, None, 5]
-    assert attrs(under_turn[2])["agentsessions.journal.records"] == 2
-    chat = under_turn[1]
+    # The model call, then its MODEL_CALL, the OUTPUT and the END in one append.
+    assert [s.name for s in under_turn] == ["chat echo", "journal.append"]
+    assert [attrs(s).get("agentsessions.journal.last_seq") for s in under_turn] == [None, 5]
+    assert attrs(under_turn[1])["agentsessions.journal.records"] == 3
+    chat = under_turn[0]
     assert chat.kind == SpanKind.CLIENT
     assert attrs(chat) == {
         "gen_ai.operation.name": "chat",

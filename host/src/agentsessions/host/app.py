@@ -174,6 +174,7 @@ async def build_controller(
         TracedTools(registry_of_tools),
         default_project=config.project,
         purge_on_delete=config.purge_on_delete,
+        write_ahead_model_calls=config.write_ahead_model_calls,
         approval_policy=ApprovalPolicy.from_file(config.approval_policy) if config.approval_policy else None,
         access=access,
         limits=config.limits,

@@ -95,6 +95,9 @@ class HostConfig:
     tools_files: list[str] = field(default_factory=list)
     # DeleteSession drops the journal rows too (default: rows kept, session hidden).
     purge_on_delete: bool = False
+    # Each MODEL_CALL durable before its model is asked (default: ordered at once, durable with the
+    # call's answer or within milliseconds; controller/writer.py ExecutionWriter).
+    write_ahead_model_calls: bool = False
     # Host decisions at approval gates: rules, session grants, expiry (docs/approvals.md).
     approval_policy: str | None = None
     # Request, record and concurrency limits (agentsessions.host.limits).
@@ -287,6 +290,11 @@ class HostConfig:
             ),
             purge_on_delete=_flag(
                 getattr(args, "purge_on_delete", None), environ.get(ENV_PREFIX + "PURGE_ON_DELETE")
+            ),
+            write_ahead_model_calls=_flag(
+                getattr(args, "write_ahead_model_calls", None),
+                environ.get(ENV_PREFIX + "WRITE_AHEAD_MODEL_CALLS"),
+                "WRITE_AHEAD_MODEL_CALLS",
             ),
             approval_policy=getattr(args, "approval_policy", None)
             or environ.get(ENV_PREFIX + "APPROVAL_POLICY")
@@ -533,6 +541,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"DeleteSession also drops the session's journal rows "
         f"(env {env}PURGE_ON_DELETE; default: keep them)",
+    )
+    parser.add_argument(
+        "--write-ahead-model-calls",
+        action="store_true",
+        default=None,
+        help=f"make each MODEL_CALL record durable before the model is asked, as the reference does "
+        f"(env {env}WRITE_AHEAD_MODEL_CALLS; default: it is made durable with the call's answer, "
+        f"or at most 2 ms after the call began, whichever comes first)",
     )
     parser.add_argument(
         "--approval-policy",

@@ -24,9 +24,10 @@ from agentsessions.host.controller.errors import (
     SessionBusyError,
 )
 from agentsessions.host.controller.executions import Execution, latest_execution
-from agentsessions.host.controller.sink import DeltaSink
+from agentsessions.host.controller.sink import DeltaHold, DeltaSink
 from agentsessions.host.controller.state import open_gate
 from agentsessions.host.journal import canon
+from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.live import RETRY, KeyRecord, LiveStore
 from agentsessions.host.journal.store import ConflictError, FencedError, SessionRow
 from agentsessions.host.telemetry.genai import journal_append
@@ -85,9 +86,9 @@ class Admission:
         """EXECUTION_START and the INPUTs at ``expected`` (CAS), under a fence minted with them."""
         return await core.writer.append(row.uid, events, expected, 0, mint_fence=True)
 
-    def deltas(self, uid: str, relay: DeltaSink) -> DeltaSink:
-        """Where a live turn's deltas go: the Exec stream (``relay``)."""
-        return relay
+    def deltas(self, uid: str, relay: DeltaSink, hold: DeltaHold) -> tuple[DeltaSink, DeltaHold]:
+        """Where a live turn's deltas go: the Exec stream (``relay``, held by ``hold``)."""
+        return relay, hold
 
     async def follow_on(
         self, core: Core, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int
@@ -207,14 +208,15 @@ class LiveAdmission(Admission):
         core.cache.appended(uid, records)
         return records
 
-    def deltas(self, uid: str, relay: DeltaSink) -> DeltaSink:
+    def deltas(self, uid: str, relay: DeltaSink, hold: DeltaHold) -> tuple[DeltaSink, DeltaHold]:
+        """The Exec stream and the session's followers (Watch, a retried Exec)."""
         feed = self.live.feed
 
         async def both(delta: session_pb2.Delta) -> None:
             feed.delta(uid, delta)
             await relay(delta)
 
-        return both
+        return both, _HeldWithFollowers(feed, uid, hold)
 
     async def follow_on(
         self, core: Core, uid: str, events: Sequence[common_pb2.Event], head: int, fence: int
@@ -228,3 +230,20 @@ class LiveAdmission(Admission):
 
 def _awaits_decision(events: list[common_pb2.Event], executions: list[Execution]) -> bool:
     return open_gate(events, executions) is not None
+
+
+@dataclass(frozen=True)
+class _HeldWithFollowers:
+    """Holds a model call's frames for the Exec stream and for the session's followers alike."""
+
+    feed: JournalFeed
+    uid: str
+    stream: DeltaHold
+
+    def hold(self, model_call_id: str) -> None:
+        self.feed.hold_deltas(self.uid, model_call_id)
+        self.stream.hold(model_call_id)
+
+    def release(self) -> None:
+        self.feed.release_deltas(self.uid)
+        self.stream.release()

@@ -76,6 +76,7 @@ class Controller:
         *,
         default_project: str = "default",
         purge_on_delete: bool = False,
+        write_ahead_model_calls: bool = False,
         stream_deltas: bool = True,
         delta_batching: DeltaBatching | None = None,
         cancel_grace_s: float = 5.0,
@@ -131,6 +132,7 @@ class Controller:
                 tools,
                 new_id=ids,
                 stream_deltas=stream_deltas,
+                write_ahead_model_calls=write_ahead_model_calls,
                 approval_policy=self.approval_policy,
                 events=cache.events,
                 # Streamed model text: frames of up to 1 KiB, at most 200 ms late (controller.deltas).

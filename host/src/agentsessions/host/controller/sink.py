@@ -60,7 +60,18 @@ Appender = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
 # Orders one event after the execution's records and makes it durable in the background; the
 # next append waits for it (controller.writer.ExecutionWriter.append_soon).
 AppendSoon = Callable[[common_pb2.Event], None]
-__all__ = ["AppendSoon", "Appender", "DeltaSink", "ExecutionSink", "SinkCounters", "TaskGate"]
+
+
+class DeltaHold(Protocol):
+    """Where a live execution's deltas go, able to hold a model call's frames until its MODEL_CALL
+    record has gone out ahead of them (journal.feed.DeltaGate)."""
+
+    def hold(self, model_call_id: str) -> None: ...
+
+    def release(self) -> None: ...
+
+
+__all__ = ["AppendSoon", "Appender", "DeltaHold", "DeltaSink", "ExecutionSink", "SinkCounters", "TaskGate"]
 
 
 class TaskGate(Protocol):
@@ -108,12 +119,17 @@ class ExecutionSink:
         host_mode: str = "",
         tasks: TaskGate | None = None,
         append_soon: AppendSoon | None = None,
+        model_intent_soon: bool = False,
+        delta_hold: DeltaHold | None = None,
     ) -> None:
         self.session = session
         self._tasks = tasks  # the host's task tool, for a harness that asked for it
         self.execution_id = execution_id
         self._append = append
         self._append_soon = append_soon
+        # The MODEL_CALL intent ordered with append_soon too (not durable before the model runs).
+        self._model_intent_soon = model_intent_soon and append_soon is not None
+        self._delta_hold = delta_hold  # holds ``on_delta``'s frames for a MODEL_CALL not yet relayed
         self._model = model
         self._tools = tools
         self._recorded = recorded or []
@@ -188,6 +204,12 @@ class ExecutionSink:
         event.execution_id = self.execution_id
         return await self._append(event)
 
+    def _order(self, event: common_pb2.Event) -> None:
+        """Order ``event`` after the execution's records; durable with its next append."""
+        assert self._append_soon is not None
+        event.execution_id = self.execution_id
+        self._append_soon(event)
+
     # -- EventSink ------------------------------------------------------------------------
 
     async def model(self, call: common_pb2.ModelCall) -> harness_pb2.ModelResult:
@@ -214,7 +236,18 @@ class ExecutionSink:
             intent = common_pb2.ModelCall(model=call.model, input_hash=input_hash, id=self._new_id())
             if call.params:
                 intent.params.update(call.params)
-            await self._record(common_pb2.Event(kind=K.EVENT_MODEL_CALL, model=intent))
+            event = common_pb2.Event(kind=K.EVENT_MODEL_CALL, model=intent)
+            hold = self._delta_hold
+            if self._model_intent_soon and (self._on_delta is None or hold is not None):
+                # Durable with the answer's records, or SOON_LINGER_S into a longer call: a crash
+                # before then leaves the journal as it stood before the call, and recovery asks
+                # the model once, as it does after a crash that leaves the MODEL_CALL trailing.
+                # The call's deltas wait for the record, as if it had been durable first.
+                self._order(event)
+                if hold is not None:
+                    hold.hold(intent.id)
+            else:
+                await self._record(event)
             result = await self._invoke_model(call)
             return await self._record_completion(call, result)
 
@@ -232,8 +265,7 @@ class ExecutionSink:
             records.append(common_pb2.Event(kind=K.EVENT_USAGE, usage=reply.usage))
         for event in records:
             if self._append_soon is not None:
-                event.execution_id = self.execution_id
-                self._append_soon(event)
+                self._order(event)
             else:
                 await self._record(event)
         if result.HasField("usage"):

@@ -12,7 +12,7 @@ from agentsessions.host.controller.deltas import DeltaBatching
 from agentsessions.host.controller.errors import ReplayDivergedError
 from agentsessions.host.controller.executions import Effect, Execution, recorded_effects
 from agentsessions.host.controller.modes import ModeCheck, Profiles, session_mode
-from agentsessions.host.controller.sink import AppendSoon, DeltaSink, ExecutionSink, TaskGate
+from agentsessions.host.controller.sink import AppendSoon, DeltaHold, DeltaSink, ExecutionSink, TaskGate
 from agentsessions.host.controller.tools import ToolInvoker
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.ids import token_hex
@@ -52,8 +52,10 @@ class SinkFactory:
         approval_policy: ApprovalPolicy,
         events: Events,
         delta_batching: DeltaBatching | None = None,
+        write_ahead_model_calls: bool = False,
     ) -> None:
         self._model = model
+        self._write_ahead_model_calls = write_ahead_model_calls
         self._tools = tools
         self._new_id: Callable[[], str] = new_id or (lambda: token_hex(8))
         self._stream_deltas = stream_deltas
@@ -74,10 +76,15 @@ class SinkFactory:
         on_delta: DeltaSink | None,
         recorded: Recorded | None = None,
         descriptor: harness_pb2.HarnessDescriptor | None = None,
+        delta_hold: DeltaHold | None = None,
     ) -> ExecutionSink:
         """A sink that journals through ``writer`` and goes live once ``recorded`` is served;
         deltas reach ``on_delta`` when the host streams them. ``descriptor`` (the harness's, at
-        admission) declares tool classes the mode check adds to the host's."""
+        admission) declares tool classes the mode check adds to the host's. With ``delta_hold``
+        (which can keep ``on_delta``'s frames back until a MODEL_CALL record has gone out), or
+        with no deltas streamed, a MODEL_CALL is ordered rather than made durable before the model
+        runs, unless the host writes model calls ahead."""
+        streamed = on_delta if self._stream_deltas else None
         uid = row.uid
         modes = ModeCheck.for_session(row, self._policy.mode_for(row.project), self._profiles, descriptor)
         return self._build(
@@ -86,12 +93,14 @@ class SinkFactory:
             writer.append,
             recorded,
             live=True,
-            on_delta=on_delta if self._stream_deltas else None,
+            on_delta=streamed,
             gate=SessionGate(self._policy, uid, row.project, row.fork_seq, lambda: self._events(uid)),
             modes=modes,
             host_mode=session_mode(row),
             tasks=self.tasks if offers_task(descriptor) else None,
             append_soon=writer.append_soon,
+            model_intent_soon=not self._write_ahead_model_calls,
+            delta_hold=delta_hold if streamed is not None else None,
         )
 
     def replay(self, row: SessionRow, execution_id: str, recorded: Recorded) -> ExecutionSink:
@@ -128,6 +137,8 @@ class SinkFactory:
         host_mode: str,
         tasks: TaskGate | None = None,
         append_soon: AppendSoon | None = None,
+        model_intent_soon: bool = False,
+        delta_hold: DeltaHold | None = None,
     ) -> ExecutionSink:
         return ExecutionSink(
             session=uid,
@@ -148,4 +159,6 @@ class SinkFactory:
             host_mode=host_mode,
             tasks=tasks,
             append_soon=append_soon,
+            model_intent_soon=model_intent_soon,
+            delta_hold=delta_hold,
         )

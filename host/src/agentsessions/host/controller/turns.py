@@ -31,6 +31,7 @@ from agentsessions.host.controller.executions import Execution
 from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import ExecutionWriter
+from agentsessions.host.journal.feed import DeltaGate
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.sdk.harness import Start
 from agentsessions.v1 import common_pb2, session_pb2
@@ -58,16 +59,19 @@ class ExecParams:
 
 
 class Relay:
-    """Relays a turn's records and deltas to the Exec stream, in order."""
+    """Relays a turn's records and deltas to the Exec stream, in order; a model call's deltas
+    after its MODEL_CALL record (``gate``)."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Update | None] = asyncio.Queue()
+        self.gate = DeltaGate(self.queue.put_nowait)
 
     async def record(self, rec: common_pb2.LogRecord) -> None:
         self.queue.put_nowait(rec)
+        self.gate.seen(rec)
 
     async def delta(self, delta: session_pb2.Delta) -> None:
-        self.queue.put_nowait(delta)
+        self.gate.delta(delta)
 
 
 @dataclass
@@ -230,10 +234,12 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         resume_from_seq=p.resume_from_seq,
     )
     writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
-    sink = core.sinks.live(
-        row, execution_id, writer, core.admission.deltas(row.uid, relay.delta), descriptor=desc
-    )
-    parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
+    on_delta, hold = core.admission.deltas(row.uid, relay.delta, relay.gate)
+    sink = core.sinks.live(row, execution_id, writer, on_delta, descriptor=desc, delta_hold=hold)
+    try:
+        parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
+    finally:  # frames still held wait for a MODEL_CALL whose write failed: they go now
+        hold.release()
     return await sessions.look(core, turn.call, row.uid) if parked is not None else None
 
 

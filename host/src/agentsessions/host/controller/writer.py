@@ -124,10 +124,13 @@ class ExecutionWriter:
     :data:`SOON_LINGER_S` after it was ordered if no append comes first (so a model's OUTPUT and
     the harness's END that follows it share one commit). Every later append, marker or
     :meth:`flushed` of this execution writes it first, and a failure to write it is raised there
-    and stays (the execution's head is then unknown). The host answers a model call that way: the
-    harness gets the completion while its OUTPUT waits, and whatever the harness does with it
-    reaches the journal, the client or an effect only after that OUTPUT is durable. A crash in
-    between leaves the trailing MODEL_CALL a crash during the model call leaves (re-driven once).
+    and stays (the execution's head is then unknown). Records may be ordered while an earlier
+    batch is being written; they follow it. The host answers a model call that way: its MODEL_CALL
+    is ordered before the model is asked (unless ``--write-ahead-model-calls`` makes it durable
+    first), the harness gets the completion while the OUTPUT waits, and whatever the harness does
+    with it reaches the journal, the client or an effect only after both are durable. A crash in
+    between leaves the journal as it stood before the call, or with the MODEL_CALL trailing; either
+    way recovery asks the model once more.
     """
 
     journal: JournalWriter
@@ -243,7 +246,8 @@ class ExecutionWriter:
             raise
 
     async def _relayed(self, records: list[common_pb2.LogRecord]) -> list[common_pb2.LogRecord]:
-        self.head = records[-1].seq
+        # Records ordered while this write was on its way come after it.
+        self.head = records[-1].seq + len(self._pending)
         if self.on_record is not None:
             for rec in records:
                 await self.on_record(rec)

@@ -25,6 +25,7 @@ from agentsessions.v1 import common_pb2, session_pb2
 __all__ = [
     "DEFAULT_INBOX_LIMIT",
     "CancelRequested",
+    "DeltaGate",
     "FeedItem",
     "HeadMoved",
     "JournalFeed",
@@ -120,6 +121,55 @@ class Subscription:
         self.close()
 
 
+class DeltaGate:
+    """The deltas bound for one destination (an Exec stream, a session's followers), which can
+    hold a model call's frames back until its MODEL_CALL record has gone out ahead of them.
+
+    The host may order a MODEL_CALL without waiting for it to be durable (controller/sink.py), so
+    the model can stream before the record reaches anyone; readers take a call's deltas to come
+    after its MODEL_CALL, as they do when the record is durable first. Between :meth:`hold` and
+    the record passing :meth:`seen` (or :meth:`release`), frames wait here; then they go, in order.
+    """
+
+    __slots__ = ("_emit", "_held", "_model_call")
+
+    def __init__(self, emit: Callable[[session_pb2.Delta], None]) -> None:
+        self._emit = emit
+        self._model_call = ""  # the id of the MODEL_CALL frames wait for; empty: none
+        self._held: list[session_pb2.Delta] = []
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._model_call)
+
+    def delta(self, delta: session_pb2.Delta) -> None:
+        if self._model_call:
+            self._held.append(delta)
+        else:
+            self._emit(delta)
+
+    def hold(self, model_call_id: str) -> None:
+        """Hold frames until the MODEL_CALL record with ``model_call_id`` is :meth:`seen`."""
+        self.release()
+        self._model_call = model_call_id
+
+    def seen(self, record: common_pb2.LogRecord) -> None:
+        """A record went out: the held frames follow it if it is the MODEL_CALL they wait for."""
+        if (
+            self._model_call
+            and record.event.kind == common_pb2.EVENT_MODEL_CALL
+            and record.event.model.id == self._model_call
+        ):
+            self.release()
+
+    def release(self) -> None:
+        """Let the held frames go now and stop holding (the record will not come)."""
+        self._model_call = ""
+        held, self._held = self._held, []
+        for delta in held:
+            self._emit(delta)
+
+
 # Called for every announcement about any session other than records and deltas (the
 # controller's queue hints and cancel wake-ups).
 FeedListener = Callable[[str, FeedItem], None]
@@ -132,6 +182,8 @@ class JournalFeed:
         self._inbox_limit = inbox_limit
         self._subs: dict[str, set[Subscription]] = {}
         self._listeners: list[FeedListener] = []
+        # Sessions whose followers' deltas wait for a MODEL_CALL record (DeltaGate).
+        self._gates: dict[str, DeltaGate] = {}
 
     def subscribe(self, uid: str, limit: int | None = None) -> Subscription:
         sub = Subscription(self, uid, self._inbox_limit if limit is None else limit)
@@ -166,11 +218,20 @@ class JournalFeed:
     def appended(self, uid: str, records: Sequence[common_pb2.LogRecord]) -> None:
         """Records this process made durable, in seq order."""
         subs = self._subs.get(uid)
-        if not subs:
+        gate = self._gates.get(uid)
+        if gate is None:
+            if subs:
+                for sub in tuple(subs):
+                    for record in records:
+                        sub.put(record)
             return
-        for sub in tuple(subs):
-            for record in records:
-                sub.put(record)
+        for record in records:  # one by one: held deltas go right after their MODEL_CALL
+            if subs:
+                for sub in tuple(subs):
+                    sub.put(record)
+            gate.seen(record)
+        if not gate.holding:
+            del self._gates[uid]
 
     def head_moved(self, uid: str, seq: int) -> None:
         self._publish(uid, HeadMoved(seq))
@@ -185,6 +246,26 @@ class JournalFeed:
         self._publish(uid, CancelRequested(execution_id))
 
     def delta(self, uid: str, delta: session_pb2.Delta) -> None:
+        gate = self._gates.get(uid)
+        if gate is not None:
+            gate.delta(delta)
+        else:
+            self._put_delta(uid, delta)
+
+    def hold_deltas(self, uid: str, model_call_id: str) -> None:
+        """``uid``'s deltas wait for its MODEL_CALL record with ``model_call_id`` (DeltaGate)."""
+        gate = self._gates.get(uid)
+        if gate is None:
+            gate = self._gates[uid] = DeltaGate(lambda delta: self._put_delta(uid, delta))
+        gate.hold(model_call_id)
+
+    def release_deltas(self, uid: str) -> None:
+        """``uid``'s held deltas go now (the record they wait for will not be announced)."""
+        gate = self._gates.pop(uid, None)
+        if gate is not None:
+            gate.release()
+
+    def _put_delta(self, uid: str, delta: session_pb2.Delta) -> None:
         subs = self._subs.get(uid)
         if subs:
             for sub in tuple(subs):
