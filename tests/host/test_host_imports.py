@@ -31,6 +31,10 @@ HARNESS_SIDE = (
     "agentsessions.sdk.servicer",
     "agentsessions.sdk.serving",
 )
+# The SDK's native types and their converters (~11 ms of frozen dataclasses): the host relays the
+# contract's messages and loads these only to rebuild a conversation (a compaction, a built-in
+# harness) or to talk to an OpenAI-compatible provider.
+NATIVE_TYPES = ("agentsessions.sdk.types", "agentsessions.sdk.convert", "agentsessions.sdk.chat")
 
 
 def loaded_after(code: str, prefixes: tuple[str, ...] = OPTIONAL) -> list[str]:
@@ -89,3 +93,35 @@ def test_serving_loads_no_built_in_harness_until_one_is_used() -> None:
     loaded = loaded_after(code, HARNESS_SIDE)
     assert "agentsessions.harnesses.echo" in loaded
     assert "agentsessions.harnesses.chat" not in loaded
+
+
+def test_serving_loads_the_sdk_native_types_only_when_a_conversation_or_provider_needs_them() -> None:
+    assert loaded_after(PROBE, NATIVE_TYPES) == []
+    code = PROBE.replace(
+        "loaded =",
+        "from agentsessions.sdk.harness import conversation\n"
+        "from agentsessions.v1 import common_pb2\n"
+        "assert conversation([], [common_pb2.Message(role='user')])[0].role == 'user'\n"
+        "loaded =",
+    )
+    assert loaded_after(code, NATIVE_TYPES) == ["agentsessions.sdk.convert", "agentsessions.sdk.types"]
+    code = PROBE.replace(
+        "loaded =",
+        "from agentsessions.host.models.openai import build_request\n"
+        "from agentsessions.v1 import common_pb2\n"
+        "assert build_request(common_pb2.ModelCall(model='m'), 'm', stream=False)['model'] == 'm'\n"
+        "loaded =",
+    )
+    assert loaded_after(code, NATIVE_TYPES) == sorted(NATIVE_TYPES)
+
+
+def test_serving_loads_no_tool_executor_until_a_tool_is_configured() -> None:
+    executors = ("agentsessions.host.tools.python_callable", "agentsessions.host.tools.subprocess_executor")
+    assert loaded_after(PROBE, executors) == []
+    code = PROBE.replace(
+        "loaded =",
+        "from agentsessions.host import tools\n"
+        "assert tools.PythonCallableExecutor.__name__ == 'PythonCallableExecutor'\n"
+        "loaded =",
+    )
+    assert loaded_after(code, executors) == ["agentsessions.host.tools.python_callable"]

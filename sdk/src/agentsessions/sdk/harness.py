@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agentsessions.sdk import convert
-from agentsessions.sdk.callids import CallIds
 from agentsessions.sdk.extensions import COMPACTION_PRINCIPAL, RESULTS_PRINCIPAL, SUMMARY_PREFIX
-from agentsessions.sdk.types import Message, ToolCall
 from agentsessions.v1 import common_pb2, harness_pb2
+
+if TYPE_CHECKING:
+    from agentsessions.sdk.types import Message
 
 _INPUT = common_pb2.EVENT_INPUT
 _OUTPUT = common_pb2.EVENT_OUTPUT
@@ -70,6 +70,12 @@ def conversation(
     history: Sequence[common_pb2.Event], inputs: Sequence[common_pb2.Message] = ()
 ) -> list[Message]:
     """See :meth:`Start.conversation`."""
+    # The native types, loaded by the first conversation rather than with this module: a host
+    # that only relays the contract's messages never builds them (bench/README.md, start-up).
+    from agentsessions.sdk import convert
+    from agentsessions.sdk.callids import CallIds
+    from agentsessions.sdk.types import Message, ToolCall
+
     out: list[Message] = []
     ids: dict[str, CallIds] = {}
     after_model: set[str] = set()  # executions whose next OUTPUT is a completion

@@ -39,7 +39,6 @@ from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.controller.state import SessionView, open_gate
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelError, ModelProvider
-from agentsessions.sdk import convert
 from agentsessions.sdk.extensions import COMPACTION_PRINCIPAL
 from agentsessions.sdk.harness import conversation, message_text, text_message
 from agentsessions.v1 import common_pb2
@@ -154,6 +153,9 @@ async def _summarize(
 ) -> common_pb2.LogRecord:
     """The summarizer call, then the compaction's records and its baseline in one append at ``head``."""
     assert compactor.model is not None
+    # The SDK's native types, loaded by the first compaction rather than at every start.
+    from agentsessions.sdk import convert
+
     since = history(core, row.uid, events, head)
     try:
         messages = convert.messages_to_proto(conversation(since))

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.journal.store import SessionNotFoundError
-from agentsessions.sdk import convert
+from agentsessions.sdk import jsonvalues
 from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.sdk.harness import Start, message_text, text_message
 from agentsessions.v1 import common_pb2
@@ -65,7 +65,7 @@ def check_schema(schema: object) -> dict[str, Any]:
         raise ResultSchemaError(f"must be a JSON object (a JSON Schema), got {_json_type(schema)}")
     value = dict(schema)
     try:
-        convert.check_json(value, "result_schema")
+        jsonvalues.check_json(value, "result_schema")
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError) as exc:
         raise ResultSchemaError(f"is not JSON a journal can hold: {exc}") from None
@@ -116,7 +116,7 @@ def result_of(message: common_pb2.Message | None) -> tuple[Any, str | None]:
         return None, "the turn produced no output"
     for part in message.parts:
         if part.WhichOneof("part") == "data":
-            return convert.dict_from_struct(part.data.data), None
+            return jsonvalues.dict_from_struct(part.data.data), None
     text = message_text(message).strip()
     fenced = re.fullmatch(r"```[A-Za-z0-9_-]*\s*\n(.*?)\n?```", text, re.DOTALL)
     if fenced is not None:
@@ -134,7 +134,7 @@ def check(result: Any, schema: Mapping[str, Any]) -> str | None:
     if not isinstance(result, dict):
         return f"the result must be a JSON object, got {_json_type(result)}"
     try:
-        convert.check_json(result, "result")
+        jsonvalues.check_json(result, "result")
     except ValueError as exc:
         return f"the result is not JSON a journal can hold: {exc}"
     return validate_result(result, schema)
@@ -223,7 +223,7 @@ def replayed(mine: list[common_pb2.Event]) -> str | None:
     settled = [e for e in mine if is_settlement(e)]
     state = ends[-1].end.state if ends else ""
     if error is None:
-        if not settled or convert.dict_from_struct(settled[-1].message.parts[0].data.data) != result:
+        if not settled or jsonvalues.dict_from_struct(settled[-1].message.parts[0].data.data) != result:
             return "the recorded settled result is not the result its final output holds"
         return None if state == "COMPLETED" else f"a valid result ended {state or 'without END'}"
     if settled:
@@ -264,7 +264,7 @@ class Settler:
         binding, result, error = judged
         end = K.Event(execution_id=start.execution_id, kind=K.EVENT_END)
         if error is None:
-            data = K.Part(data=K.DataPart(data=convert.struct_from_dict(result, "result")))
+            data = K.Part(data=K.DataPart(data=jsonvalues.struct_from_dict(result, "result")))
             await writer.append(
                 K.Event(
                     execution_id=start.execution_id,

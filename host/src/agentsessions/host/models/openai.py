@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentsessions.host.models.policy import RetryPolicy, Timeouts
 from agentsessions.host.models.provider import DeltaCallback, ModelError
-from agentsessions.sdk import chat, convert
-from agentsessions.sdk.convert import ConversionError
+from agentsessions.sdk.jsonvalues import ConversionError
 from agentsessions.v1 import common_pb2, harness_pb2
 
 if TYPE_CHECKING:
@@ -99,6 +98,9 @@ class OpenAIModel:
         self, call: common_pb2.ModelCall, on_delta: DeltaCallback | None = None
     ) -> harness_pb2.ModelResult:
         import httpx  # loaded by the transport already: a dictionary lookup
+
+        # The SDK converters load with the first request, not with the host (bench/README.md, start-up).
+        from agentsessions.sdk import chat
 
         model = self.model if call.model in _DEFAULT_MODEL_ALIASES else call.model
         stream = self._stream and on_delta is not None
@@ -192,6 +194,8 @@ class OpenAIModel:
 
 def build_request(call: common_pb2.ModelCall, model: str, *, stream: bool) -> JSON:
     """The chat-completions request body for a ModelCall (the SDK's converter, agentsessions.sdk.chat)."""
+    from agentsessions.sdk import chat, convert
+
     try:
         return chat.chat_request(convert.model_call_from_proto(call), model=model, stream=stream)
     except ConversionError as exc:
@@ -200,6 +204,8 @@ def build_request(call: common_pb2.ModelCall, model: str, *, stream: bool) -> JS
 
 def parse_response(model: str, body: JSON) -> harness_pb2.ModelResult:
     """A ModelResult for a non-streamed chat-completions response."""
+    from agentsessions.sdk import chat, convert
+
     try:
         return convert.model_result_to_proto(chat.model_result_from_chat(body, model=model))
     except ConversionError as exc:
@@ -210,6 +216,8 @@ class _StreamedCompletion:
     """Accumulates a streamed completion chunk by chunk (the SDK's ChatCompletionStream)."""
 
     def __init__(self, model: str) -> None:
+        from agentsessions.sdk import chat
+
         self._model = model
         self._stream = chat.ChatCompletionStream(model)
 
@@ -221,6 +229,8 @@ class _StreamedCompletion:
             raise ModelError(f"model {self._model}: {exc}") from None
 
     def result(self) -> harness_pb2.ModelResult:
+        from agentsessions.sdk import convert
+
         try:
             return convert.model_result_to_proto(self._stream.result())
         except ConversionError as exc:

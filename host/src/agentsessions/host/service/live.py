@@ -24,7 +24,7 @@ from agentsessions.host.controller.watch import QueueView
 from agentsessions.host.service import validation as v
 from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.sessions import Reading, exec_params, reading_handler, unary_handler
-from agentsessions.sdk import convert
+from agentsessions.sdk import jsonvalues
 from agentsessions.v1 import common_pb2, session_pb2
 
 SERVICE_NAME: str = live_pb2.DESCRIPTOR.services_by_name["LiveSessions"].full_name
@@ -94,7 +94,7 @@ class LiveSessionsServicer(live_pb2_grpc.LiveSessionsServicer):
                     "cannot be combined with on_busy ON_BUSY_ENQUEUE: a queued turn keeps its inputs only",
                 )
             try:
-                schema = results.check_schema(convert.dict_from_struct(request.result_schema))
+                schema = results.check_schema(jsonvalues.dict_from_struct(request.result_schema))
             except results.ResultSchemaError as exc:
                 raise InvalidArgumentError("result_schema", str(exc)) from None
             params = dataclasses.replace(params, result_schema=schema)

@@ -88,16 +88,12 @@ from agentsessions.host.tools.executor import (
     ToolRegistry,
 )
 from agentsessions.host.tools.profile import ToolProfile, WorkspaceRule, parse_tool_classes
-from agentsessions.host.tools.python_callable import PythonCallableExecutor
-from agentsessions.host.tools.subprocess_executor import (
-    DEFAULT_OUTPUT_LIMIT_BYTES,
-    DEFAULT_TIMEOUT_S,
-    SubprocessExecutor,
-    SubprocessTool,
-)
 
+# The executors load when a configuration names them (a host without tools never does).
 if TYPE_CHECKING:
     from agentsessions.host.tools.mcp_stdio import McpExecutor
+    from agentsessions.host.tools.python_callable import PythonCallableExecutor
+    from agentsessions.host.tools.subprocess_executor import SubprocessTool
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
@@ -113,6 +109,8 @@ class PythonToolConfig:
     profile: ToolProfile = field(default_factory=ToolProfile)
 
     def build(self) -> PythonCallableExecutor:
+        from agentsessions.host.tools.python_callable import PythonCallableExecutor
+
         return PythonCallableExecutor.from_import_path(
             self.target,
             name=self.name,
@@ -177,6 +175,8 @@ class ToolsConfig:
         executors: list[ToolExecutor] = [tool.build() for tool in self.python]
         executors.extend(server.build() for server in self.mcp)
         if self.subprocess:
+            from agentsessions.host.tools.subprocess_executor import SubprocessExecutor
+
             bwrap = DEFAULT_BWRAP if self.bwrap is None else self.bwrap
             executors.append(
                 SubprocessExecutor(self.subprocess, bubblewrap=Bubblewrap(bwrap) if bwrap else None)
@@ -434,6 +434,12 @@ _SUBPROCESS_KEYS = {
 
 
 def _subprocess_tool(table: object, at: str) -> SubprocessTool:
+    from agentsessions.host.tools.subprocess_executor import (
+        DEFAULT_OUTPUT_LIMIT_BYTES,
+        DEFAULT_TIMEOUT_S,
+        SubprocessTool,
+    )
+
     reader = _Reader(table, at, _SUBPROCESS_KEYS)
     name = reader.string("name", required=True)
     assert name is not None
