@@ -4,6 +4,7 @@ turn's recorded effects are, so replay and recovery can serve them back in order
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
@@ -38,19 +39,40 @@ _EXECUTION_KINDS = frozenset(
 )
 
 
-@dataclass
+# Record indexes: a list while the turn is being written, a tuple once it has ended.
+Indexes = list[int] | tuple[int, ...]
+
+
+@dataclass(slots=True)
 class Execution:
-    """One turn of a session as the journal recorded it."""
+    """One turn of a session as the journal recorded it.
+
+    It keeps record indexes, not records, and an ended turn keeps them as tuples: the journal
+    cache holds an index for every cached session, and every message, list or ``__dict__`` kept
+    here would be one more object the collector walks at each collection, for as long as the
+    session stays cached (a tuple of ints is untracked at its first collection; bench/README.md,
+    load). ``start`` and ``inputs`` read the records they name from ``events``, the list the
+    index was fed."""
 
     id: str
     legacy: bool
     first_index: int  # index (seq - 1) of the turn's first record
-    start: common_pb2.ExecutionStart | None
-    inputs: list[common_pb2.Message] = field(default_factory=list)
-    indexes: list[int] = field(default_factory=list)  # every record index of the turn
+    events: Sequence[common_pb2.Event] = field(repr=False, compare=False)
+    has_start: bool = False  # the turn's first record is its EXECUTION_START
+    input_indexes: Indexes = ()
+    indexes: Indexes = ()  # every record index of the turn
     end_index: int | None = None
-    error_indexes: list[int] = field(default_factory=list)
+    error_indexes: Indexes = ()
     inherited: bool = False  # every record lies in a fork-copied prefix
+
+    @property
+    def start(self) -> common_pb2.ExecutionStart | None:
+        return self.events[self.first_index].execution_start if self.has_start else None
+
+    @property
+    def inputs(self) -> list[common_pb2.Message]:
+        events = self.events
+        return [events[i].message for i in self.input_indexes]
 
     @property
     def completed(self) -> bool:
@@ -84,12 +106,13 @@ class ExecutionIndex:
         self._modern_seen = False
 
     def feed(self, events: list[common_pb2.Event]) -> None:
-        """Index ``events[self.count:]``."""
+        """Index ``events[self.count:]``: the same list each time, grown (the executions read their
+        records from it)."""
         for index in range(self.count, len(events)):
-            self._add(index, events[index])
+            self._add(events, index, events[index])
             self.count = index + 1
 
-    def _add(self, index: int, ev: common_pb2.Event) -> None:
+    def _add(self, events: list[common_pb2.Event], index: int, ev: common_pb2.Event) -> None:
         kind = ev.kind
         if kind == _LIFECYCLE:
             return
@@ -102,7 +125,7 @@ class ExecutionIndex:
                 )
             self._modern_seen = True
             self._legacy = None
-            ex = Execution(ev.execution_id, False, index, ev.execution_start)
+            ex = Execution(ev.execution_id, False, index, events, has_start=True)
             self._by_id[ev.execution_id] = ex
             self.order.append(ex)
             self._attach(ex, index, kind, ev)
@@ -114,7 +137,7 @@ class ExecutionIndex:
             self._legacy = None
             found = self._by_id.get(ev.execution_id)
             if found is None:
-                found = Execution(ev.execution_id, False, index, None)
+                found = Execution(ev.execution_id, False, index, events)
                 self._by_id[ev.execution_id] = found
                 self.order.append(found)
             self._attach(found, index, kind, ev)
@@ -127,7 +150,7 @@ class ExecutionIndex:
                 "without execution_id after a modern execution"
             )
         if self._legacy is None or self._legacy.completed:
-            self._legacy = Execution("", True, index, None)
+            self._legacy = Execution("", True, index, events)
             self.order.append(self._legacy)
         self._attach(self._legacy, index, kind, ev)
 
@@ -136,13 +159,23 @@ class ExecutionIndex:
             ex.inherited = index < self.fork_seq
         elif index >= self.fork_seq:
             ex.inherited = False
-        ex.indexes.append(index)
+        ex.indexes = _grown(ex.indexes, index)
         if kind == _INPUT:
-            ex.inputs.append(ev.message)
+            ex.input_indexes = _grown(ex.input_indexes, index)
         elif kind == _END:
             ex.end_index = index
+            ex.indexes, ex.input_indexes = tuple(ex.indexes), tuple(ex.input_indexes)
+            ex.error_indexes = tuple(ex.error_indexes)
         elif kind == _ERROR:
-            ex.error_indexes.append(index)
+            ex.error_indexes = _grown(ex.error_indexes, index)
+
+
+def _grown(indexes: Indexes, index: int) -> list[int]:
+    """``indexes`` with ``index`` added: in place while a list, as a list again after the END (a
+    record journaled after it, an audit ERROR say, is rare)."""
+    grown = indexes if isinstance(indexes, list) else list(indexes)
+    grown.append(index)
+    return grown
 
 
 def latest_execution(executions: list[Execution]) -> Execution | None:
