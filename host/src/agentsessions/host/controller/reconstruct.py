@@ -25,8 +25,9 @@ async def reconstruct(
 ) -> tuple[Start, ResolvedHarness, harness_pb2.HarnessDescriptor]:
     """The journal's Start for ``ex``, and its recorded harness (described, placed, checked) with
     the descriptor it reported."""
+    inputs = ex.inputs  # read from the records each time it is asked
     if ex.legacy:
-        if not ex.inputs:
+        if not inputs:
             raise InvalidExecutionLogError("legacy turn has no INPUT to resume from")
         first = ex.first_index
         content = canon.content_hash(events[first], "", first + 1)
@@ -35,7 +36,7 @@ async def reconstruct(
         start = Start(
             session=row.uid,
             execution_id=legacy_execution_id(row.uid, first + 1, content),
-            inputs=[ex.inputs[-1]],
+            inputs=[inputs[-1]],
             history=list(events[:first]),
         )
         return start, resolved, desc
@@ -44,9 +45,9 @@ async def reconstruct(
         raise InvalidExecutionLogError(f"execution {ex.id} has no EXECUTION_START")
     if not es.HasField("input_count") or es.input_count < 0:
         raise InvalidExecutionLogError(f"execution {ex.id}: EXECUTION_START lacks a valid input_count")
-    if es.input_count != len(ex.inputs) or any(not m.parts and not m.role for m in ex.inputs):
+    if es.input_count != len(inputs) or any(not m.parts and not m.role for m in inputs):
         raise IncompleteInvocationError(
-            f"execution {ex.id} committed {len(ex.inputs)} of {es.input_count} inputs; "
+            f"execution {ex.id} committed {len(inputs)} of {es.input_count} inputs; "
             "call Exec again with all inputs"
         )
     try:
@@ -64,7 +65,7 @@ async def reconstruct(
     start = Start(
         session=row.uid,
         execution_id=ex.id,
-        inputs=list(ex.inputs),
+        inputs=inputs,
         history=list(events[history_start(events, ex.first_index) : ex.first_index]),
         config=es.config,
         resume_from_seq=es.resume_from_seq,
