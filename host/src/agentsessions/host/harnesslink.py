@@ -43,6 +43,7 @@ from google.protobuf.message import DecodeError, Message
 from agentsessions.host import protowire
 from agentsessions.host.addresses import check_harness_address
 from agentsessions.host.controller.errors import HarnessMisdescribedError, HarnessUnavailableError
+from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.telemetry.propagation import outgoing_metadata
 from agentsessions.sdk.approval import decision_from_receipt, host_owned_receipt_field, receipt_conflict
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError
@@ -689,35 +690,52 @@ class _History:
     """One session's Start.history on the wire: each event encoded once, as a repeated
     ``Start.history`` field, and the end offset of each in ``encoded``."""
 
-    __slots__ = ("encoded", "ends", "first", "held", "last")
+    __slots__ = ("encoded", "ends", "first", "held", "last", "offset", "source")
 
     def __init__(self) -> None:
         self.encoded = bytearray()
         self.ends: list[int] = []
+        # What the encoded events are: a prefix of the journal cache's log ``source`` from
+        # ``offset`` on, or (any other sequence) the objects at its two ends.
+        self.source: Sequence[common_pb2.Event] | None = None
+        self.offset = 0
         self.last: common_pb2.Event | None = None
         self.first: common_pb2.Event | None = None
         self.held: HeldBase | None = None
 
     def extends(self, history: Sequence[common_pb2.Event]) -> bool:
-        # The controller hands over the journal cache's own event objects, which only ever grow
-        # at the end: the same last event at the same place means the same prefix.
+        # The controller hands over a prefix of the journal cache's log, which only ever grows
+        # at its end: the same log from the same place means the same events.
         # A compaction moves where the history begins (its baseline): a held base does not survive it.
         count = len(self.ends)
-        return count == 0 or (
-            len(history) >= count and history[count - 1] is self.last and history[0] is self.first
+        if count == 0:
+            return True
+        if isinstance(history, Prefix):
+            return history.source is self.source and history.start == self.offset and len(history) >= count
+        return (
+            self.source is None
+            and len(history) >= count
+            and history[count - 1] is self.last
+            and history[0] is self.first
         )
 
     def feed(self, history: Sequence[common_pb2.Event]) -> None:
         encoded, ends = self.encoded, self.ends
+        prefix = history if isinstance(history, Prefix) else None
+        if prefix is not None and not ends:
+            self.source, self.offset = prefix.source, prefix.start
         for index in range(len(ends), len(history)):
-            event = history[index]
-            blob = event.SerializeToString()
+            if prefix is not None:
+                blob = prefix.blob(index)  # kept encoded by the cache: not encoded again
+            else:
+                event = history[index]
+                blob = event.SerializeToString()
+                self.last = event
             encoded += _HISTORY_TAG
             encoded += protowire.varint(len(blob))
             encoded += blob
             ends.append(len(encoded))
-            self.last = event
-        if ends and self.first is None:
+        if ends and prefix is None and self.first is None:
             self.first = history[0]
 
     def base_on(self, connection: int | None) -> HeldBase | None:
@@ -746,10 +764,11 @@ class _History:
 class _HistoryEncoder:
     """Start.history on the wire, encoded incrementally per session.
 
-    A session's history only grows between its turns, and the controller hands over the same
-    event objects each turn, so each event is serialized once instead of once per turn: the
-    Start frame of turn 1,000 costs about what the one of turn 10 does. A history that does not
-    extend the remembered one (another object, a fork, an evicted entry) is encoded afresh.
+    A session's history only grows between its turns, and the controller hands over a prefix of
+    the same cached log each turn, so each event is framed once instead of once per turn (from
+    the encoding the cache keeps: ``controller.eventlog``): the Start frame of turn 1,000 costs
+    about what the one of turn 10 does. A history that does not extend the remembered one
+    (another log, a fork, an evicted entry, a compaction's new start) is encoded afresh.
     """
 
     def __init__(self, max_sessions: int) -> None:

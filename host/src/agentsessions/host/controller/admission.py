@@ -61,7 +61,7 @@ class Admission:
         self,
         core: Core,
         row: SessionRow,
-        events: list[common_pb2.Event],
+        events: Sequence[common_pb2.Event],
         executions: list[Execution],
         p: ExecParams,
     ) -> Execution | None:
@@ -74,9 +74,9 @@ class Admission:
         core: Core,
         row: SessionRow,
         p: ExecParams,
-        events: list[common_pb2.Event],
+        events: Sequence[common_pb2.Event],
         interrupted: Execution | None,
-    ) -> tuple[list[common_pb2.Event], int]:
+    ) -> tuple[Sequence[common_pb2.Event], int]:
         """Under the guard: the journal the turn starts from and the head its EXECUTION_START extends."""
         return events, p.expected_last_seq if p.expected_last_seq is not None else len(events)
 
@@ -116,7 +116,7 @@ class LiveAdmission(Admission):
         self,
         core: Core,
         row: SessionRow,
-        events: list[common_pb2.Event],
+        events: Sequence[common_pb2.Event],
         executions: list[Execution],
         p: ExecParams,
     ) -> Execution | None:
@@ -152,9 +152,9 @@ class LiveAdmission(Admission):
         core: Core,
         row: SessionRow,
         p: ExecParams,
-        events: list[common_pb2.Event],
+        events: Sequence[common_pb2.Event],
         interrupted: Execution | None,
-    ) -> tuple[list[common_pb2.Event], int]:
+    ) -> tuple[Sequence[common_pb2.Event], int]:
         if interrupted is None or self._recover is None:
             return await super().prepare(core, row, p, events, interrupted)
         # The caller's CAS is against the journal it saw: before the recovery appends to it.
@@ -228,7 +228,7 @@ class LiveAdmission(Admission):
         return await self._admitted(core, uid, events, head, execution_id)
 
 
-def _awaits_decision(events: list[common_pb2.Event], executions: list[Execution]) -> bool:
+def _awaits_decision(events: Sequence[common_pb2.Event], executions: list[Execution]) -> bool:
     return open_gate(events, executions) is not None
 
 

@@ -315,7 +315,7 @@ class SessionGate:
     session: str
     project: str
     fork_seq: int
-    events: Callable[[], Awaitable[list[common_pb2.Event]]] = field(repr=False)
+    events: Callable[[], Awaitable[Sequence[common_pb2.Event]]] = field(repr=False)
 
     def stamp_request(self, request: common_pb2.Event) -> None:
         """Time-stamp a new request when its project has an expiry (its age is then durable)."""

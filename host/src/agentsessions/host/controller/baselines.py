@@ -6,6 +6,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
+from agentsessions.host.controller.eventlog import EventLog
 from agentsessions.v1 import common_pb2
 
 _LIFECYCLE = int(common_pb2.EVENT_LIFECYCLE)
@@ -31,7 +32,7 @@ class Baselines:
 
     __slots__ = ("events", "indexes", "scanned", "sizes")
 
-    def __init__(self, events: list[common_pb2.Event]) -> None:
+    def __init__(self, events: Sequence[common_pb2.Event]) -> None:
         self.events = events
         self.indexes: list[int] = []
         self.scanned = 0
@@ -52,7 +53,8 @@ class Baselines:
         """The encoded size of ``events[start:end]``: the sum of the events' protobuf sizes."""
         events, sizes = self.events, self.sizes
         total = sizes[-1]
+        size = events.encoded_size if isinstance(events, EventLog) else (lambda i: events[i].ByteSize())
         for index in range(len(sizes) - 1, end):
-            total += events[index].ByteSize()
+            total += size(index)
             sizes.append(total)
         return sizes[end] - sizes[start]

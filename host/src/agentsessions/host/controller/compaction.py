@@ -22,6 +22,7 @@ before a turn whose history would hold more than N events since the latest basel
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -89,7 +90,7 @@ class Compactor:
         self.settings = settings
 
 
-def history(core: Core, uid: str, events: list[common_pb2.Event], end: int) -> Prefix:
+def history(core: Core, uid: str, events: Sequence[common_pb2.Event], end: int) -> Prefix:
     """A turn's Start.history: ``events[:end]`` from the latest baseline on, without a copy."""
     return Prefix(events, end, start=core.cache.baselines(uid, events).start(end))
 
@@ -112,7 +113,7 @@ async def compact(core: Core, call: CallContext, uid: str, expected_last_seq: in
         return Compacted(await sessions.look(core, call, uid), baseline, head - start)
 
 
-async def before_turn(core: Core, row: SessionRow, events: list[common_pb2.Event]) -> bool:
+async def before_turn(core: Core, row: SessionRow, events: Sequence[common_pb2.Event]) -> bool:
     """Compact before a new turn when the policy asks for it; whether it did. A failed summarizer
     call is logged and the turn goes on with its whole history."""
     compactor = core.compactor
@@ -137,7 +138,7 @@ async def before_turn(core: Core, row: SessionRow, events: list[common_pb2.Event
     return True
 
 
-def _check_settled(row: SessionRow, events: list[common_pb2.Event], executions: list[Execution]) -> None:
+def _check_settled(row: SessionRow, events: Sequence[common_pb2.Event], executions: list[Execution]) -> None:
     latest = latest_execution(executions)
     if open_gate(events, executions) is not None:
         raise FailedPreconditionError(f"session {row.uid} awaits an approval decision; compact it after")
@@ -149,7 +150,7 @@ def _check_settled(row: SessionRow, events: list[common_pb2.Event], executions: 
 
 
 async def _summarize(
-    core: Core, compactor: Compactor, row: SessionRow, events: list[common_pb2.Event], head: int
+    core: Core, compactor: Compactor, row: SessionRow, events: Sequence[common_pb2.Event], head: int
 ) -> common_pb2.LogRecord:
     """The summarizer call, then the compaction's records and its baseline in one append at ``head``."""
     assert compactor.model is not None
@@ -207,7 +208,7 @@ def is_compaction(ex: Execution) -> bool:
     return ex.start is not None and ex.start.harness == COMPACTOR
 
 
-def replayed(events: list[common_pb2.Event], ex: Execution) -> str | None:
+def replayed(events: Sequence[common_pb2.Event], ex: Execution) -> str | None:
     """How a compaction's records differ from what a compaction writes (None: they agree)."""
     mine = [events[i] for i in ex.indexes]
     outputs = [e for e in mine if e.kind == K.EVENT_OUTPUT]

@@ -39,20 +39,22 @@ _EXECUTION_KINDS = frozenset(
 )
 
 
-# Record indexes: a list while the turn is being written, a tuple once it has ended.
-Indexes = list[int] | tuple[int, ...]
+# Record indexes: a list while the turn is being written; once it has ended a range where they
+# follow one another (a turn's records usually do: the collector never walks a range) and a
+# tuple where they do not.
+Indexes = list[int] | tuple[int, ...] | range
 
 
 @dataclass(slots=True)
 class Execution:
     """One turn of a session as the journal recorded it.
 
-    It keeps record indexes, not records, and an ended turn keeps them as tuples: the journal
-    cache holds an index for every cached session, and every message, list or ``__dict__`` kept
-    here would be one more object the collector walks at each collection, for as long as the
-    session stays cached (a tuple of ints is untracked at its first collection; bench/README.md,
-    load). ``start`` and ``inputs`` read the records they name from ``events``, the list the
-    index was fed."""
+    It keeps record indexes, not records, and an ended turn keeps them as ranges (or tuples):
+    the journal cache holds an index for every cached session, and every message, list or
+    ``__dict__`` kept here would be one more object the collector walks at each collection, for
+    as long as the session stays cached (a range is never tracked, a tuple of ints is untracked
+    at its first collection; bench/README.md, load). ``start`` and ``inputs`` read the records
+    they name from ``events``, the log the index was fed."""
 
     id: str
     legacy: bool
@@ -105,14 +107,14 @@ class ExecutionIndex:
         self._legacy: Execution | None = None
         self._modern_seen = False
 
-    def feed(self, events: list[common_pb2.Event]) -> None:
+    def feed(self, events: Sequence[common_pb2.Event]) -> None:
         """Index ``events[self.count:]``: the same list each time, grown (the executions read their
         records from it)."""
         for index in range(self.count, len(events)):
             self._add(events, index, events[index])
             self.count = index + 1
 
-    def _add(self, events: list[common_pb2.Event], index: int, ev: common_pb2.Event) -> None:
+    def _add(self, events: Sequence[common_pb2.Event], index: int, ev: common_pb2.Event) -> None:
         kind = ev.kind
         if kind == _LIFECYCLE:
             return
@@ -164,8 +166,8 @@ class ExecutionIndex:
             ex.input_indexes = _grown(ex.input_indexes, index)
         elif kind == _END:
             ex.end_index = index
-            ex.indexes, ex.input_indexes = tuple(ex.indexes), tuple(ex.input_indexes)
-            ex.error_indexes = tuple(ex.error_indexes)
+            ex.indexes, ex.input_indexes = _settled(ex.indexes), _settled(ex.input_indexes)
+            ex.error_indexes = _settled(ex.error_indexes)
         elif kind == _ERROR:
             ex.error_indexes = _grown(ex.error_indexes, index)
 
@@ -178,12 +180,21 @@ def _grown(indexes: Indexes, index: int) -> list[int]:
     return grown
 
 
+def _settled(indexes: Indexes) -> range | tuple[int, ...]:
+    """An ended turn's ``indexes`` as they are kept: a range when consecutive, else a tuple."""
+    if isinstance(indexes, (range, tuple)):
+        return indexes
+    if indexes and indexes[-1] - indexes[0] == len(indexes) - 1:
+        return range(indexes[0], indexes[-1] + 1)
+    return tuple(indexes)
+
+
 def latest_execution(executions: list[Execution]) -> Execution | None:
     """The execution whose first record is newest (first-seen order)."""
     return executions[-1] if executions else None
 
 
-def recorded_effects(events: list[common_pb2.Event], ex: Execution) -> tuple[list[Effect], int]:
+def recorded_effects(events: Sequence[common_pb2.Event], ex: Execution) -> tuple[list[Effect], int]:
     """The execution's effect stream and its number of USAGE records that are not a model
     call's (``agentsessions.sdk.recorded.pair_effects``); a journal whose records do not pair is
     an InvalidExecutionLogError."""

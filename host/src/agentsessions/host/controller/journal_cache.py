@@ -1,5 +1,5 @@
-"""A bounded per-session cache of decoded journal events and their execution index, refreshed
-from the store's head.
+"""A bounded per-session cache of journal events and their execution index, refreshed from the
+store's head. The events are kept encoded (``eventlog.EventLog``: the collector walks none of them).
 
 Exec hands the harness the whole history every turn and inspects the latest execution; re-reading,
 re-decoding and re-indexing every record each turn would make turn cost grow with the session.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from agentsessions.host.controller.baselines import Baselines
+from agentsessions.host.controller.eventlog import EventLog, blob_of
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import Head, JournalStore
 from agentsessions.v1 import common_pb2
@@ -23,7 +24,7 @@ from agentsessions.v1 import common_pb2
 
 @dataclass
 class _Entry:
-    events: list[common_pb2.Event]
+    events: EventLog
     last_hash: str
     index: ExecutionIndex | None = field(default=None)
     baselines: Baselines | None = field(default=None)
@@ -35,13 +36,13 @@ class JournalCache:
         self._max = max_sessions
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
-    async def events(self, uid: str) -> list[common_pb2.Event]:
-        """Every event of the session in seq order (the list is shared: do not mutate it)."""
+    async def events(self, uid: str) -> EventLog:
+        """Every event of the session in seq order (the log is shared and only ever grows)."""
         return (await self._entry(uid)).events
 
     async def executions(
         self, uid: str, fork_seq: int, head: Head | None = None
-    ) -> tuple[list[common_pb2.Event], list[Execution]]:
+    ) -> tuple[EventLog, list[Execution]]:
         """The events and their executions in first-seen order (InvalidExecutionLogError if malformed).
 
         ``head``: the session's head as just read with its row; a cached entry that ends there is
@@ -56,14 +57,14 @@ class JournalCache:
             raise
         return entry.events, entry.index.order
 
-    def written(self, uid: str) -> list[common_pb2.Event] | None:
+    def written(self, uid: str) -> EventLog | None:
         """The session's events as this host last read and wrote them, without asking the store
         (None: nothing cached). For a turn looking back at its own records under its fence: a
         record another writer added meanwhile makes the turn's next append fail anyway."""
         entry = self._entries.get(uid)
         return None if entry is None else entry.events
 
-    def baselines(self, uid: str, events: list[common_pb2.Event]) -> Baselines:
+    def baselines(self, uid: str, events: Sequence[common_pb2.Event]) -> Baselines:
         """Where the LIFECYCLE_BASELINEs of ``events`` (the session's cached list) are, kept with
         the entry so each record is looked at once (compaction.py)."""
         entry = self._entries.get(uid)
@@ -83,7 +84,7 @@ class JournalCache:
             return entry
         # Nothing cached (or nothing the store's head extends): the whole journal is read.
         records = await self._store.read(uid, 1, 0)
-        entry = _Entry([r.event for r in records], records[-1].content_hash if records else "")
+        entry = _Entry(EventLog(r.event for r in records), records[-1].content_hash if records else "")
         self._remember(uid, entry)
         return entry
 
@@ -131,17 +132,31 @@ class JournalCache:
 
 
 class Prefix(Sequence[common_pb2.Event]):
-    """Events ``start`` to ``length`` of a cached journal list, as they are now, without a copy
+    """Events ``start`` to ``length`` of a cached journal log, as they are now, without a copy
     (the cache only appends, so the prefix never changes): a turn's Start.history at turn
     10,000 would otherwise copy 50,000 references. ``start``: a compacted session's history
     begins at its latest baseline (compaction.py)."""
 
     __slots__ = ("_events", "_length", "_start")
 
-    def __init__(self, events: list[common_pb2.Event], length: int | None = None, start: int = 0) -> None:
+    def __init__(self, events: Sequence[common_pb2.Event], length: int | None = None, start: int = 0) -> None:
         self._events = events
         self._start = start
         self._length = (len(events) if length is None else length) - start
+
+    @property
+    def source(self) -> Sequence[common_pb2.Event]:
+        """The log this is a prefix of (it only grows at its end)."""
+        return self._events
+
+    @property
+    def start(self) -> int:
+        """Where in :attr:`source` the prefix begins."""
+        return self._start
+
+    def blob(self, index: int) -> bytes:
+        """The encoding of ``self[index]`` (0 <= index < len(self))."""
+        return blob_of(self._events, self._start + index)
 
     def __len__(self) -> int:
         return self._length
@@ -162,4 +177,7 @@ class Prefix(Sequence[common_pb2.Event]):
         return self._events[self._start + index]
 
     def __iter__(self) -> Iterator[common_pb2.Event]:
-        return itertools.islice(self._events, self._start, self._start + self._length)
+        end = self._start + self._length
+        if isinstance(self._events, EventLog):
+            return self._events.between(self._start, end)
+        return itertools.islice(self._events, self._start, end)

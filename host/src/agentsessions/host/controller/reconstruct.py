@@ -4,6 +4,8 @@ and placed; shared by recovery and controller replay."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agentsessions.host.controller.baselines import history_start
 from agentsessions.host.controller.errors import (
     FailedPreconditionError,
@@ -21,7 +23,7 @@ from agentsessions.v1 import common_pb2, harness_pb2
 
 
 async def reconstruct(
-    catalog: HarnessCatalog, row: SessionRow, ex: Execution, events: list[common_pb2.Event]
+    catalog: HarnessCatalog, row: SessionRow, ex: Execution, events: Sequence[common_pb2.Event]
 ) -> tuple[Start, ResolvedHarness, harness_pb2.HarnessDescriptor]:
     """The journal's Start for ``ex``, and its recorded harness (described, placed, checked) with
     the descriptor it reported."""

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -73,7 +73,7 @@ class RecoverySettings:
     scan_s: float = DEFAULT_SCAN_S
 
 
-def _decided_since(events: list[common_pb2.Event], gate: Gate) -> float:
+def _decided_since(events: Sequence[common_pb2.Event], gate: Gate) -> float:
     """Seconds since the gate's decision was journaled (a decision without a time: long ago)."""
     effects, _ = recorded_effects(events, gate.execution)
     for effect in effects:
@@ -84,7 +84,7 @@ def _decided_since(events: list[common_pb2.Event], gate: Gate) -> float:
     return float("inf")
 
 
-def explicitly_suspended(events: list[common_pb2.Event], executions: list[Execution]) -> bool:
+def explicitly_suspended(events: Sequence[common_pb2.Event], executions: list[Execution]) -> bool:
     """The newest record is a SUSPEND marker that is not an approval park (Suspend was asked for)."""
     if not events:
         return False

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -187,7 +187,7 @@ def is_settlement(event: common_pb2.Event) -> bool:
     return event.kind == K.EVENT_OUTPUT and event.actor.principal == RESULTS_PRINCIPAL
 
 
-def execution_tail(events: list[common_pb2.Event], execution_id: str) -> list[common_pb2.Event]:
+def execution_tail(events: Sequence[common_pb2.Event], execution_id: str) -> list[common_pb2.Event]:
     """The records of the session's last execution ``execution_id``, read back from the journal's
     end to its EXECUTION_START (a turn's settling costs its own records, not the session's)."""
     mine: list[common_pb2.Event] = []
@@ -294,7 +294,7 @@ class Settler:
         writer: ExecutionWriter,
         binding: Binding,
         error: str,
-        events: list[common_pb2.Event],
+        events: Sequence[common_pb2.Event],
     ) -> common_pb2.LogRecord | None:
         """End this execution and admit the corrective one in one append, then drive it."""
         # Imported here: recovery imports the Core, which holds the Driver that holds this hook.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import compute
@@ -30,7 +31,7 @@ from agentsessions.sdk.modes import MODE_ANNOTATION, MODES, strictest
 from agentsessions.v1 import common_pb2, session_pb2
 
 # A session's journal as read: every event, and the executions they form (first-seen order).
-Journal = tuple[list[common_pb2.Event], list[Execution]]
+Journal = tuple[Sequence[common_pb2.Event], list[Execution]]
 
 
 def new_session_uid() -> str:

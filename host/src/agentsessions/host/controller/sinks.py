@@ -4,7 +4,7 @@ the execution (:class:`Recorded`) and whether the sink may go live."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
@@ -21,7 +21,7 @@ from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.task import offers_task
 from agentsessions.v1 import common_pb2, harness_pb2
 
-Events = Callable[[str], Awaitable[list[common_pb2.Event]]]
+Events = Callable[[str], Awaitable[Sequence[common_pb2.Event]]]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Recorded:
     legacy: bool = False  # an id-less v0.1.2 turn: never re-driven past its MODEL_CALL
 
     @classmethod
-    def of(cls, events: list[common_pb2.Event], ex: Execution) -> Recorded:
+    def of(cls, events: Sequence[common_pb2.Event], ex: Execution) -> Recorded:
         effects, usage = recorded_effects(events, ex)
         return cls(effects, usage, ex.inherited, ex.legacy)
 

@@ -6,6 +6,7 @@ now); nothing here reads the store or writes anything.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
@@ -35,7 +36,7 @@ class Gate:
     tool: str = ""
 
 
-def open_gate(events: list[common_pb2.Event], executions: list[Execution]) -> Gate | None:
+def open_gate(events: Sequence[common_pb2.Event], executions: list[Execution]) -> Gate | None:
     """The latest execution's first approval-bearing tool call without a receipt, if any."""
     latest = latest_execution(executions)
     if latest is None or latest.completed or latest.legacy or latest.inherited:
@@ -56,13 +57,13 @@ def open_gate(events: list[common_pb2.Event], executions: list[Execution]) -> Ga
     return None
 
 
-def was_cancelled(events: list[common_pb2.Event], ex: Execution) -> bool:
+def was_cancelled(events: Sequence[common_pb2.Event], ex: Execution) -> bool:
     return ex.end_index is not None and events[ex.end_index].end.state == "CANCELED"
 
 
 def derive_view(
     row: SessionRow,
-    events: list[common_pb2.Event],
+    events: Sequence[common_pb2.Event],
     executions: list[Execution],
     *,
     running_here: bool,

@@ -21,7 +21,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -148,7 +148,7 @@ def depth_of(row: SessionRow) -> int:
     return link.depth if link is not None else 0
 
 
-def planned_calls(events: list[common_pb2.Event], ex: Execution) -> list[Planned]:
+def planned_calls(events: Sequence[common_pb2.Event], ex: Execution) -> list[Planned]:
     """The execution's task calls in the order they first appear (a model output's proposed calls,
     then the harness's calls), each with its arguments checked and its slot counted."""
     seen: dict[str, Planned] = {}
@@ -195,7 +195,7 @@ def _error_result(call_id: str, error: str, *, request_seq: int, decision_seq: i
 def receipt(
     call_id: str,
     child: str,
-    events: list[common_pb2.Event],
+    events: Sequence[common_pb2.Event],
     ex: Execution | None,
     args: TaskArgs,
     decision: common_pb2.ApprovalResult,
@@ -313,7 +313,7 @@ class Subagents:
         if wanted is not None and wanted.args is not None:
             await self._start_child(parent, ex, wanted.call_id, wanted.args)
 
-    async def _orphaned(self, link: Link, events: list[common_pb2.Event], ex: Execution) -> None:
+    async def _orphaned(self, link: Link, events: Sequence[common_pb2.Event], ex: Execution) -> None:
         """The parent's turn that started the child has ended (cancelled, interrupted, or done
         without waiting for it): the child's task turn, still unfinished, is cancelled naming the
         parent, with its own children in turn (a host killed between that END and the cascade left
@@ -555,7 +555,7 @@ class Subagents:
 
     # -- children ----------------------------------------------------------------------------------
 
-    async def _child(self, uid: str) -> tuple[list[common_pb2.Event], Execution | None] | None:
+    async def _child(self, uid: str) -> tuple[Sequence[common_pb2.Event], Execution | None] | None:
         """The child's journal and its own latest execution (None: no such session)."""
         row = await self.core.store.get_session(uid)
         if row is None:
@@ -703,7 +703,7 @@ class Subagents:
         return ex, len(events), decisions, expired
 
     async def _siblings_settled(
-        self, uid: str, events: list[common_pb2.Event], ex: Execution, gated: list[Effect]
+        self, uid: str, events: Sequence[common_pb2.Event], ex: Execution, gated: list[Effect]
     ) -> bool:
         """Whether every other child the execution started (a proposed call without its own gate yet)
         settled."""

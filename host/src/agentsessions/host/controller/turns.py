@@ -84,7 +84,7 @@ class Turn:
     view: SessionView  # the session at admission (the stream's first frame)
     resolved: ResolvedHarness
     recovery: Gate | None  # the approval gate an inputless Exec recovers
-    events: list[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
+    events: Sequence[common_pb2.Event]  # the journal at admission (the cache's list, grown by the turn)
     interrupted: Execution | None = None  # cut short by a crash: recovered before this turn
     _relay: Relay = field(default_factory=Relay, init=False)
     _task: asyncio.Task[None] | None = field(default=None, init=False)
