@@ -16,7 +16,9 @@ built-in echo harness and model) over loopback, measured in the same run:
   ``--lockstep`` starts them all at once instead, so every second brings a burst of 20 calls.
 
 Reported per phase: turns/s, turn latency p50/p99, every error by status code (turns and readers),
-reader latency p50/p99 per kind, the host's peak RSS and open file descriptors (from /proc). After
+reader latency p50/p99 per kind, the same calls' time in the host's handlers (p50/p99 from its access
+log: a caller's latency less the wait before the host's code sees the call and the way back), the
+host's peak RSS and open file descriptors (from /proc). After
 each phase the host drains and stops, then the journal is verified offline (``agentsessions journal
 verify``) and every execution in it is checked complete (an END record). The goals (reliability
 issue): 0 errors, turns/s with readers within 20% of turns only, ListSessions p99 under 100 ms.
@@ -30,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -278,8 +281,33 @@ def _phase(name: str, args: argparse.Namespace, readers: bool, tmp: Path) -> dic
         address = _serve(servers, journal)
         pid = servers.pids["host"]
         result = asyncio.run(_drive(address, pid, args, readers, workdir))
+    # The host has drained and written its last access-log lines.
+    result["in_host"] = _handler_durations(workdir / "host.log")
     result["journal"] = _check_journal(journal)
     return result
+
+
+_ACCESS_LINE = re.compile(r" rpc method=/agentsessions\.v1\.Sessions/(\w+) code=OK duration_ms=([0-9.]+)")
+
+
+def _handler_durations(log: Path) -> dict[str, dict[str, float]]:
+    """The host's own view of each call, from its access log: from the handler's start to its end
+    (the caller's latency adds the wait before the host's code sees the call, and the way back)."""
+    durations: dict[str, list[float]] = {}
+    with open(log, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            found = _ACCESS_LINE.search(line)
+            if found is not None:
+                durations.setdefault(found.group(1), []).append(float(found.group(2)) / 1000)
+    return {
+        method: {
+            "calls": len(values),
+            "p50_ms": _percentile(values, 0.50) * 1000,
+            "p99_ms": _percentile(values, 0.99) * 1000,
+        }
+        for method, values in durations.items()
+        if method in ("Exec", "ListSessions", "Replay")
+    }
 
 
 def _serve(servers: Fleet, journal: Path) -> str:
@@ -412,11 +440,16 @@ def _print(name: str, phase: dict[str, Any]) -> None:
     )
     for kind in ("replay", "list"):
         reader = phase["readers"].get(kind)
-        if reader:
+        if reader and reader["calls"]:
             print(
                 f"  {kind:7s} calls {reader['calls']:6d}   p50 {reader['p50_ms']:7.1f} ms"
                 f"   p99 {reader['p99_ms']:7.1f} ms   errors {reader['errors'] or 0}"
             )
+    for method, own in sorted(phase.get("in_host", {}).items()):
+        print(
+            f"  in the host's handler: {method:12s} p50 {own['p50_ms']:7.1f} ms   p99 {own['p99_ms']:7.1f} ms"
+            f"   ({own['calls']} calls)"
+        )
     watch = phase["readers"].get("watch")
     if watch:
         shown = (
