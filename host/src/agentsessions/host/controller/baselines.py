@@ -6,7 +6,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from agentsessions.host.controller.eventlog import EventLog
+from agentsessions.host.controller.eventlog import EventLog, last_of_kind
 from agentsessions.v1 import common_pb2
 
 _LIFECYCLE = int(common_pb2.EVENT_LIFECYCLE)
@@ -20,8 +20,8 @@ def is_baseline(event: common_pb2.Event) -> bool:
 def history_start(events: Sequence[common_pb2.Event], end: int) -> int:
     """The index of the latest LIFECYCLE_BASELINE among ``events[:end]`` (0: there is none): where
     the Start.history of a turn whose EXECUTION_START is record ``end + 1`` begins."""
-    for index in range(end - 1, -1, -1):
-        if is_baseline(events[index]):
+    for index, event in last_of_kind(events, _LIFECYCLE, end):
+        if event.lifecycle.kind == _BASELINE:
             return index
     return 0
 

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from agentsessions.host.controller.errors import FailedPreconditionError
+from agentsessions.host.controller.eventlog import last_of_kind
 from agentsessions.host.controller.harnesses import ResolvedHarness
 from agentsessions.host.runtime import Incarnation, Runtime, SnapshotRef
 from agentsessions.v1 import common_pb2
@@ -68,9 +69,7 @@ async def release_all(resolved: ResolvedHarness, uids: Sequence[str]) -> None:
 
 
 def _last_snapshot(uid: str, events: Sequence[common_pb2.Event]) -> SnapshotRef:
-    for event in reversed(events):
-        if event.kind != common_pb2.EVENT_LIFECYCLE:
-            continue
+    for _, event in last_of_kind(events, common_pb2.EVENT_LIFECYCLE, len(events)):
         lifecycle = event.lifecycle
         if lifecycle.kind == common_pb2.Lifecycle.LIFECYCLE_SUSPEND and lifecycle.snapshot_local == uid:
             return SnapshotRef.from_marker(lifecycle)

@@ -11,6 +11,10 @@ execution's, which are among them. An older event is decoded each time it is rea
 microsecond for a small one); every reader of old events (replay, recovery, a fork's copy, a
 harness's history) reads it once per request.
 
+Each event's kind is kept too, one byte an event (a bytearray, also never walked), so a search
+for a rare kind (a baseline, a suspend marker) from the end of a long journal decodes only the
+records of that kind (:func:`last_of_kind`).
+
 The log only grows at its end, so a reader may keep the log and a length as a snapshot
 (:class:`agentsessions.host.controller.journal_cache.Prefix`), and the encoded bytes go to a
 harness's ``Start.history`` as they are (``harnesslink``), without encoding the event again.
@@ -27,6 +31,7 @@ from agentsessions.v1 import common_pb2
 RECENT = 32
 
 _decode = common_pb2.Event.FromString
+_OTHER_KIND = 255  # a kind number that does not fit a byte (none does today): always decoded
 
 
 class EventLog(Sequence[common_pb2.Event]):
@@ -35,18 +40,21 @@ class EventLog(Sequence[common_pb2.Event]):
     Each read of an event older than the last :data:`RECENT` returns a freshly decoded message:
     equal to the one appended, never the same object, and changing it changes nothing here."""
 
-    __slots__ = ("_blobs", "_recent")
+    __slots__ = ("_blobs", "_kinds", "_recent")
 
     def __init__(self, events: Iterable[common_pb2.Event] = ()) -> None:
         self._blobs: list[bytes] = []
+        self._kinds = bytearray()
         self._recent: list[common_pb2.Event] = []
         self.extend(events)
 
     def extend(self, events: Iterable[common_pb2.Event]) -> None:
         """Append ``events`` (which the log keeps: callers do not change them afterwards)."""
-        blobs, recent = self._blobs, self._recent
+        blobs, kinds, recent = self._blobs, self._kinds, self._recent
         for event in events:
             blobs.append(event.SerializeToString())
+            kind = event.kind
+            kinds.append(kind if 0 <= kind < _OTHER_KIND else _OTHER_KIND)
             recent.append(event)
         excess = len(recent) - RECENT
         if excess > 0:
@@ -55,6 +63,13 @@ class EventLog(Sequence[common_pb2.Event]):
     def blob(self, index: int) -> bytes:
         """The encoded event at ``index`` (as ``Event.SerializeToString`` wrote it)."""
         return self._blobs[index]
+
+    def last_of_kind(self, kind: int, end: int) -> int:
+        """The index of the last event of ``kind`` before ``end`` that may be one (-1: none);
+        an event whose kind does not fit a byte is a candidate for every kind."""
+        if not 0 <= kind < _OTHER_KIND:
+            return max(self._kinds.rfind(_OTHER_KIND, 0, end), -1)
+        return max(self._kinds.rfind(kind, 0, end), self._kinds.rfind(_OTHER_KIND, 0, end))
 
     def encoded_size(self, index: int) -> int:
         """``self[index].ByteSize()``, without decoding it."""
@@ -93,6 +108,25 @@ class EventLog(Sequence[common_pb2.Event]):
         """Events ``start`` to ``end`` (indexes within the log), in order."""
         for index in range(start, end):
             yield self._at(index)
+
+
+def last_of_kind(
+    events: Sequence[common_pb2.Event], kind: int, end: int
+) -> Iterator[tuple[int, common_pb2.Event]]:
+    """The events of ``kind`` below index ``end`` with their indexes, last first (an
+    :class:`EventLog` decodes no event of another kind to find them)."""
+    if isinstance(events, EventLog):
+        index = events.last_of_kind(kind, end)
+        while index >= 0:
+            event = events[index]
+            if event.kind == kind:
+                yield index, event
+            index = events.last_of_kind(kind, index)
+        return
+    for index in range(min(end, len(events)) - 1, -1, -1):
+        event = events[index]
+        if event.kind == kind:
+            yield index, event
 
 
 def blob_of(events: Sequence[common_pb2.Event], index: int) -> bytes:

@@ -16,6 +16,7 @@ from agentsessions.host.controller.errors import (
 )
 from agentsessions.host.controller.executions import Execution, legacy_execution_id
 from agentsessions.host.controller.harnesses import HarnessCatalog, ResolvedHarness, describe_placed
+from agentsessions.host.controller.journal_cache import Prefix
 from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.sdk.harness import Start
@@ -39,7 +40,7 @@ async def reconstruct(
             session=row.uid,
             execution_id=legacy_execution_id(row.uid, first + 1, content),
             inputs=[inputs[-1]],
-            history=list(events[:first]),
+            history=Prefix(events, first),
         )
         return start, resolved, desc
     es = ex.start
@@ -68,7 +69,7 @@ async def reconstruct(
         session=row.uid,
         execution_id=ex.id,
         inputs=inputs,
-        history=list(events[history_start(events, ex.first_index) : ex.first_index]),
+        history=Prefix(events, ex.first_index, start=history_start(events, ex.first_index)),
         config=es.config,
         resume_from_seq=es.resume_from_seq,
     )

@@ -88,7 +88,7 @@ async def replay(core: Core, call: CallContext, uid: str) -> ReplayReport:
             raise ReplayDivergedError(
                 f"execution {ex.id}: harness left {sink.unconsumed()} recorded effects unconsumed"
             )
-        differs = results.replayed([e for e in events if e.execution_id == ex.id]) if ex.id else None
+        differs = results.replayed([events[i] for i in ex.indexes]) if ex.id else None
         if differs is not None:
             raise ReplayDivergedError(f"execution {ex.id}: result schema: {differs}")
         calls += sink.counters.model_calls
