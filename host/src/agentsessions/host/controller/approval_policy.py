@@ -73,6 +73,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from agentsessions.host.controller.eventlog import last_of_kind
 from agentsessions.sdk.modes import MODES
 from agentsessions.v1 import common_pb2
 
@@ -286,16 +287,12 @@ class ApprovalPolicy:
     ) -> common_pb2.Event | None:
         """The decision record the host journals for an undecided owned request, if any:
         a rule or grant first (as at the gate), then expiry."""
-        call = next(
-            (
-                e.tool
-                for e in events
-                if e.kind == K.EVENT_TOOL_CALL
-                and e.execution_id == execution_id
-                and e.tool.id == tool_call_id
-            ),
-            None,
-        )
+        # The first such call, looked for among the TOOL_CALLs alone (a cached journal decodes no
+        # other record to find them).
+        call = None
+        for _, e in last_of_kind(events, K.EVENT_TOOL_CALL, len(events)):
+            if e.execution_id == execution_id and e.tool.id == tool_call_id:
+                call = e.tool
         if call is None or not 0 < request_seq <= len(events) or call.tool in self.host_decided:
             return None
         decision = self.decide(project, call, events, fork_seq)
