@@ -4,7 +4,9 @@ Start.history as it is (bench/README.md, "The journal cache's events kept encode
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 import pytest
 
@@ -102,6 +104,23 @@ def test_a_harness_history_frames_the_logs_encodings_once_and_follows_the_log_as
     assert encoder.update("t", [*_events(10), *events[10:15]]) is not plain
 
 
+@contextlib.contextmanager
+def _counting_decodes() -> Iterator[list[int]]:
+    """How many events the logs decode meanwhile (in the list's one item once the block ends)."""
+    decoded = [0]
+    original = eventlog._decode
+
+    def counting(blob: bytes) -> common_pb2.Event:
+        decoded[0] += 1
+        return original(blob)
+
+    eventlog._decode = counting  # type: ignore[assignment]
+    try:
+        yield decoded
+    finally:
+        eventlog._decode = original
+
+
 def _lifecycle(kind: int) -> common_pb2.Event:
     return K.Event(kind=K.EVENT_LIFECYCLE, lifecycle=K.Lifecycle(kind=kind))  # type: ignore[arg-type]
 
@@ -120,20 +139,9 @@ def test_a_search_for_a_rare_kind_from_the_end_decodes_only_that_kind() -> None:
     # A turn's history starts at the latest baseline before it (compaction), found the same way.
     assert history_start(log, 2_500) == history_start(events, 2_500) == 100
     assert history_start(log, 100) == history_start(events, 100) == 0
-    decoded = 0
-    original = eventlog._decode
-
-    def counting(blob: bytes) -> common_pb2.Event:
-        nonlocal decoded
-        decoded += 1
-        return original(blob)
-
-    eventlog._decode = counting  # type: ignore[assignment]
-    try:
+    with _counting_decodes() as decoded:
         assert history_start(log, 2_900) == 100
-    finally:
-        eventlog._decode = original
-    assert decoded == 3  # the event of a newer kind, the suspend marker and the baseline
+    assert decoded == [3]  # the event of a newer kind, the suspend marker and the baseline
 
 
 def test_a_replay_decodes_each_event_a_few_times_not_once_per_turn() -> None:
@@ -168,20 +176,9 @@ def test_a_replay_decodes_each_event_a_few_times_not_once_per_turn() -> None:
                 async with controller.admit_exec(params) as turn:
                     async for _ in turn.run():
                         pass
-            decoded = 0
-            original = eventlog._decode
-
-            def counting(blob: bytes) -> common_pb2.Event:
-                nonlocal decoded
-                decoded += 1
-                return original(blob)
-
-            eventlog._decode = counting  # type: ignore[assignment]
-            try:
+            with _counting_decodes() as decoded:
                 report = await echo_host(store).replay(view.row.uid)
-            finally:
-                eventlog._decode = original
-            return report.executions, decoded
+            return report.executions, decoded[0]
         finally:
             await store.close()
 

@@ -34,7 +34,32 @@ _decode = common_pb2.Event.FromString
 _OTHER_KIND = 255  # a kind number that does not fit a byte (none does today): always decoded
 
 
-class EventLog(Sequence[common_pb2.Event]):
+class Events(Sequence[common_pb2.Event]):
+    """A read-only sequence of events defined by its length and :meth:`_at` (a valid index's event)."""
+
+    __slots__ = ()
+
+    def _at(self, index: int) -> common_pb2.Event:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> common_pb2.Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[common_pb2.Event]: ...
+
+    def __getitem__(self, index: int | slice) -> common_pb2.Event | list[common_pb2.Event]:
+        count = len(self)
+        if isinstance(index, slice):
+            return [self._at(i) for i in range(*index.indices(count))]
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError("event index out of range")
+        return self._at(index)
+
+
+class EventLog(Events):
     """Append-only events in seq order (index = seq - 1); read like a list of ``Event``.
 
     Each read of an event older than the last :data:`RECENT` returns a freshly decoded message:
@@ -77,22 +102,6 @@ class EventLog(Sequence[common_pb2.Event]):
 
     def __len__(self) -> int:
         return len(self._blobs)
-
-    @overload
-    def __getitem__(self, index: int) -> common_pb2.Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[common_pb2.Event]: ...
-
-    def __getitem__(self, index: int | slice) -> common_pb2.Event | list[common_pb2.Event]:
-        if isinstance(index, slice):
-            return [self._at(i) for i in range(*index.indices(len(self._blobs)))]
-        count = len(self._blobs)
-        if index < 0:
-            index += count
-        if not 0 <= index < count:
-            raise IndexError("event index out of range")
-        return self._at(index)
 
     def _at(self, index: int) -> common_pb2.Event:
         back = len(self._blobs) - index  # 1 for the last event

@@ -13,10 +13,9 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
 
 from agentsessions.host.controller.baselines import Baselines
-from agentsessions.host.controller.eventlog import EventLog, blob_of
+from agentsessions.host.controller.eventlog import EventLog, Events, blob_of
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import Head, JournalStore
 from agentsessions.v1 import common_pb2
@@ -131,7 +130,7 @@ class JournalCache:
             self._entries.popitem(last=False)
 
 
-class Prefix(Sequence[common_pb2.Event]):
+class Prefix(Events):
     """Events ``start`` to ``length`` of a cached journal log, as they are now, without a copy
     (the cache only appends, so the prefix never changes): a turn's Start.history at turn
     10,000 would otherwise copy 50,000 references. ``start``: a compacted session's history
@@ -161,19 +160,7 @@ class Prefix(Sequence[common_pb2.Event]):
     def __len__(self) -> int:
         return self._length
 
-    @overload
-    def __getitem__(self, index: int) -> common_pb2.Event: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[common_pb2.Event]: ...
-
-    def __getitem__(self, index: int | slice) -> common_pb2.Event | list[common_pb2.Event]:
-        if isinstance(index, slice):
-            return [self._events[self._start + i] for i in range(*index.indices(self._length))]
-        if index < 0:
-            index += self._length
-        if not 0 <= index < self._length:
-            raise IndexError("history index out of range")
+    def _at(self, index: int) -> common_pb2.Event:
         return self._events[self._start + index]
 
     def __iter__(self) -> Iterator[common_pb2.Event]:
