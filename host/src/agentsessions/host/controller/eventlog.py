@@ -92,9 +92,10 @@ class EventLog(Events):
     def last_of_kind(self, kind: int, end: int) -> int:
         """The index of the last event of ``kind`` before ``end`` that may be one (-1: none);
         an event whose kind does not fit a byte is a candidate for every kind."""
+        other = self._kinds.rfind(_OTHER_KIND, 0, end)
         if not 0 <= kind < _OTHER_KIND:
-            return max(self._kinds.rfind(_OTHER_KIND, 0, end), -1)
-        return max(self._kinds.rfind(kind, 0, end), self._kinds.rfind(_OTHER_KIND, 0, end))
+            return other
+        return max(self._kinds.rfind(kind, 0, end), other)
 
     def encoded_size(self, index: int) -> int:
         """``self[index].ByteSize()``, without decoding it."""
