@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from agentsessions.host.controller.harnesses import ResolvedHarness, describe
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.sdk import EventSink, Start
 from agentsessions.sdk.serving import start_server
@@ -47,6 +48,32 @@ async def test_one_describe_serves_admissions_on_one_connection(tmp_path: Path) 
         await server.stop(None)
 
 
+async def test_admission_takes_the_current_descriptor_without_asking_and_asks_once_it_is_not(
+    tmp_path: Path,
+) -> None:
+    harness = CountingHarness()
+    address = f"unix:{tmp_path}/h.sock"
+    server = await start_server(harness, address)
+    link = RemoteHarness(address, describe_max_age=3600)
+    resolved = ResolvedHarness("counting", link, registered=True, in_process=False)
+    try:
+        assert link.current_descriptor() is None  # nothing described yet: admission asks
+        assert (await describe(resolved)).version == "1"
+        assert link.current_descriptor() is not None
+        for _ in range(3):
+            assert (await describe(resolved)).version == "1"
+        assert harness.describes == 1
+        first = link.connection()
+        await server.stop(None)
+        await wait_until("the link to see the old connection go", lambda: link.connection() != first)
+        assert link.current_descriptor() is None  # its connection is gone
+        server = await start_server(CountingHarness("2"), address)
+        assert (await describe(resolved)).version == "2"
+    finally:
+        await link.close()
+        await server.stop(None)
+
+
 async def test_a_max_age_of_zero_describes_at_every_admission(tmp_path: Path) -> None:
     harness = CountingHarness()
     server = await start_server(harness, f"unix:{tmp_path}/h.sock")
@@ -54,6 +81,7 @@ async def test_a_max_age_of_zero_describes_at_every_admission(tmp_path: Path) ->
     try:
         for _ in range(3):
             await link.describe()
+        assert link.current_descriptor() is None
         assert harness.describes == 3
     finally:
         await link.close()

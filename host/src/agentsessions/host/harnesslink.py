@@ -260,6 +260,13 @@ class RemoteHarness:
             self._described = _Described(descriptor, connection, time.monotonic() + self._describe_max_age)
         return descriptor
 
+    def current_descriptor(self) -> harness_pb2.HarnessDescriptor | None:
+        """The descriptor this connection already gave, while it is still current (see
+        ``describe``); None when ``describe`` would ask the harness. Admission takes it without an
+        await or a timeout scope."""
+        known = self._described
+        return known.descriptor if known is not None and self._still_current(known) else None
+
     def _still_current(self, known: _Described) -> bool:
         channel = self._channel
         watcher = self._watcher

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from agentsessions.host.controller.errors import (
     FailedPreconditionError,
@@ -163,14 +163,33 @@ class HarnessCatalog:
         )
 
 
+_RESUMABILITIES: Final = frozenset(harness_pb2.Resumability.values())
+
+
 async def describe(
     resolved: ResolvedHarness, bound_s: float = DESCRIBE_TIMEOUT_S
 ) -> harness_pb2.HarnessDescriptor:
     """Describe a harness at admission, bounded; failures are UNAVAILABLE-class errors."""
+    # A harness dialled over gRPC keeps what it described on the current connection (see
+    # RemoteHarness.describe): taken as it is, with no await or timeout scope per admission.
+    current = getattr(resolved.harness, "current_descriptor", None)
+    descriptor = current() if current is not None else None
+    if descriptor is None:
+        descriptor = await _describe_bounded(resolved, bound_s)
+    check_descriptor(resolved.name, descriptor)
+    if resolved.descriptor_id and descriptor.id != resolved.descriptor_id:
+        raise FailedPreconditionError(
+            f"harness {resolved.name!r} reports descriptor id {descriptor.id!r}, "
+            f"registration requires {resolved.descriptor_id!r}"
+        )
+    return descriptor
+
+
+async def _describe_bounded(resolved: ResolvedHarness, bound_s: float) -> harness_pb2.HarnessDescriptor:
     try:
         # A timeout scope, not wait_for: no extra task per admission.
         async with asyncio.timeout(bound_s):
-            descriptor = await resolved.harness.describe()
+            descriptor: harness_pb2.HarnessDescriptor = await resolved.harness.describe()
     except TimeoutError as exc:
         raise HarnessUnavailableError(
             f"harness {resolved.name!r} did not answer Describe within {bound_s:g}s"
@@ -179,12 +198,6 @@ async def describe(
         raise
     except Exception as exc:
         raise HarnessUnavailableError(f"harness {resolved.name!r} is unreachable: {exc}") from exc
-    check_descriptor(resolved.name, descriptor)
-    if resolved.descriptor_id and descriptor.id != resolved.descriptor_id:
-        raise FailedPreconditionError(
-            f"harness {resolved.name!r} reports descriptor id {descriptor.id!r}, "
-            f"registration requires {resolved.descriptor_id!r}"
-        )
     return descriptor
 
 
@@ -209,7 +222,7 @@ def check_descriptor(name: str, descriptor: object) -> None:
             f"harness {name!r} describes itself without an id (HarnessDescriptor.id)"
         )
     resumability = descriptor.capabilities.resumability
-    if resumability not in harness_pb2.Resumability.values():
+    if resumability not in _RESUMABILITIES:
         raise HarnessMisdescribedError(
             f"harness {name!r} declares resumability {resumability}, which this host does not know "
             f"(known: {', '.join(harness_pb2.Resumability.keys())})"
