@@ -630,22 +630,23 @@ async def test_a_version_3_journal_gets_each_sessions_execution_state(tmp_path: 
 # -- which connection serves what ---------------------------------------------------------------
 
 
-async def test_a_page_of_sessions_does_not_wait_behind_the_readers_queue(store: SqliteStore) -> None:
-    # Under load the reader's queue holds the turns' head reads; a ListSessions page must not
+async def test_a_page_of_sessions_does_not_wait_behind_row_lookups(store: SqliteStore) -> None:
+    # Under load the reader's queue holds the turns' row lookups; a ListSessions page must not
     # queue behind them. The reader's thread is held on an event, so anything queued there waits.
     for i in range(3):
         await store.create_session(SessionRow(uid=f"s{i}", project="p", create_time_ns=i + 1))
     release = threading.Event()
     holding = asyncio.ensure_future(store._sqlite._reader.run(lambda db: release.wait(30)))
-    lookup = asyncio.ensure_future(store._sqlite.anchor("s0"))
+    lookup = asyncio.ensure_future(store.get_session("s0"))
     try:
         rows, token = await asyncio.wait_for(store.list_sessions("p", 100, ""), timeout=10)
         assert [r.uid for r in rows] == ["s2", "s1", "s0"] and token == ""
-        assert not lookup.done()  # the reader really is held: its reads wait
+        assert not lookup.done()  # the reader really is held: its lookups wait
     finally:
         release.set()
     assert await holding is True
-    assert await lookup == (0, "")  # s0 has no records yet
+    found = await lookup
+    assert found is not None and found.uid == "s0"
 
 
 async def test_a_page_of_sessions_goes_to_a_pager_with_nothing_waiting(store: SqliteStore) -> None:
@@ -697,7 +698,7 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
 ) -> None:
     await store.create_session(SessionRow(uid="s", project="p", create_time_ns=1))
     dialect = store._sqlite
-    here = dialect._here
+    here = dialect._pages_here
     assert here is not None
     listed = sqlite_store._list_rows
     threads: list[str] = []
@@ -727,7 +728,7 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
 # -- work on the event loop's thread while the host is quiet --------------------------------------
 
 
-async def test_quiet_commits_and_head_reads_run_on_the_loop_and_busy_ones_on_their_threads(
+async def test_quiet_commits_and_row_lookups_run_on_the_loop_and_busy_ones_on_their_threads(
     store: SqliteStore,
 ) -> None:
     dialect = store._dialect
@@ -736,64 +737,15 @@ async def test_quiet_commits_and_head_reads_run_on_the_loop_and_busy_ones_on_the
     store.work_inline_while(lambda: quiet[0])
     await store.create_session(SessionRow(uid="s", project="p"))
     await store.append("s", [inp("a")], expected_head=0, fence=0)
-    assert await dialect.anchor("s") is not None
+    assert await store.get_session("s") is not None
     here = (dialect.writer.inline_jobs, dialect._reader.inline_jobs)
     assert here[0] >= 2 and here[1] >= 1
     quiet[0] = False
     await store.append("s", [inp("b")], expected_head=1, fence=0)
-    assert await dialect.anchor("s") is not None
+    got = await store.get_session("s")
+    assert got is not None and got.last_seq == 2
     assert (dialect.writer.inline_jobs, dialect._reader.inline_jobs) == here
     assert [r.seq for r in await store.read("s")] == [1, 2]
-
-
-async def test_a_session_row_is_read_on_the_loops_thread_quiet_or_busy(store: SqliteStore) -> None:
-    # Every admission reads its session's row: a hand-off to the reader's thread and back cost the
-    # loop more than the lookup, so it is read right here, with the reader's thread held even.
-    dialect = store._sqlite
-    store.work_inline_while(lambda: False)
-    await store.create_session(SessionRow(uid="s", project="p"))
-    await store.append("s", [inp("a")], expected_head=0, fence=0)
-    release = threading.Event()
-    holding = asyncio.ensure_future(dialect._reader.run(lambda db: release.wait(30)))
-    try:
-        got = await asyncio.wait_for(store.get_session("s"), timeout=10)
-        assert got is not None and got.last_seq == 1 and dialect.rows_here == 1
-        assert await store.get_session("nope") is None and dialect.rows_here == 2
-    finally:
-        release.set()
-    assert await holding is True
-
-
-async def test_a_session_row_that_finds_the_file_locked_is_read_on_the_readers_thread(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await store.create_session(SessionRow(uid="s", project="p"))
-    dialect = store._sqlite
-    here = dialect._here
-    assert here is not None
-    looked_up = sqlite_store._get_row
-    threads: list[str] = []
-
-    def locked_here(db: sqlite3.Connection, uid: str) -> Any:
-        threads.append(threading.current_thread().name)
-        if db is here.db:
-            busy = sqlite3.OperationalError("database is locked")
-            busy.sqlite_errorcode = sqlite3.SQLITE_BUSY
-            raise busy
-        return looked_up(db, uid)
-
-    monkeypatch.setattr(sqlite_store, "_get_row", locked_here)
-    got = await store.get_session("s")
-    assert got is not None and got.uid == "s" and dialect.rows_here == 0
-    assert threads[0] == threading.current_thread().name  # tried here first
-    assert threads[1].startswith("agentsessions-sqlite-reader")  # then on the reader's thread
-
-    def broken(db: sqlite3.Connection, uid: str) -> Any:
-        raise sqlite3.OperationalError("no such table: sessions")
-
-    monkeypatch.setattr(sqlite_store, "_get_row", broken)
-    with pytest.raises(StoreError, match="get session failed: no such table"):
-        await store.get_session("s")
 
 
 async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
@@ -214,7 +214,6 @@ _PAGE_COLUMNS: Final = ", ".join(
 )
 
 _T = TypeVar("_T")
-_BUSY: Final = object()  # a read the loop's own connection found locked
 _PAGERS: Final = 4  # connections serving pages of sessions
 
 
@@ -684,7 +683,7 @@ class _SqliteDialect:
         pagers: Sequence[_Connection],
         records: _Connection,
         scanner: _Connection,
-        here: _Connection | None = None,
+        pages_here: _Connection | None = None,
     ) -> None:
         self.path = path
         self.writer = writer
@@ -698,11 +697,9 @@ class _SqliteDialect:
         # lookups and session pages never wait behind a long read.
         self._records = records
         self._scanner = scanner
-        # Session rows and pages of sessions read on the event loop's own thread, first: see
-        # get_row, list_rows.
-        self._here = here
+        # Pages of sessions on the event loop's own thread, first: see list_rows.
+        self._pages_here = pages_here
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
-        self.rows_here = 0  # session rows read on the event loop's thread (stats, tests)
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
 
@@ -750,42 +747,26 @@ class _SqliteDialect:
         return StoreError(f"{what} failed: {exc}")
 
     async def get_row(self, uid: str) -> SessionRow | None:
-        # Every Exec, Resume and Fork reads its session's row before admission: a primary-key
-        # lookup of a few cached pages (~20 us of SQLite), which on the reader's thread cost the
-        # loop a hand-off and the answer's wait in its queue; right here, 32 sessions turned 8%
-        # faster with 5% less host CPU per turn (bench/README.md). Busy: the reader's thread.
-        found = self._here_first("get session", _get_row, uid)
-        if found is not _BUSY:
-            self.rows_here += 1
-            return cast("SessionRow | None", found)
         return await self._read("get session", _get_row, uid)
 
     async def list_rows(self, project: str, after: tuple[int, str] | None, limit: int) -> list[SessionRow]:
         # A page is one indexed query building one row (~0.2 ms of SQLite on an idle machine, plus
         # decoding it): done right here, on the event loop's thread, it skips the two trips a
         # pager's thread costs (the job's wait for the GIL while the loop holds it, and the answer's
-        # wait in the loop's queue behind every turn's callbacks). A page that finds the file busy
-        # goes to the pager with the fewest jobs in flight.
-        rows = self._here_first("list sessions", _list_rows, project, after, limit)
-        if rows is not _BUSY:
-            self.pages_here += 1
-            return cast("list[SessionRow]", rows)
+        # wait in the loop's queue behind every turn's callbacks). The connection never waits for a
+        # lock (busy timeout 0): a page that finds the file busy goes to a pager's thread instead.
+        here = self._pages_here
+        if here is not None and here.db is not None:
+            try:
+                rows = _list_rows(here.db, project, after, limit)
+            except sqlite3.Error as exc:
+                if not _busy(exc):
+                    raise self._read_failed("list sessions", exc) from exc
+            else:
+                self.pages_here += 1
+                return rows
         pager = min(self._pagers, key=lambda c: c.in_flight)
         return await self._read("list sessions", _list_rows, project, after, limit, on=pager)
-
-    def _here_first(self, what: str, work: Callable[..., _T], *args: Any) -> _T | object:
-        """``work(connection, *args)`` on the event loop's own read connection; ``_BUSY`` when
-        there is none or SQLite finds the file locked (that connection never waits for a lock:
-        busy timeout 0), for the caller to send the read to a thread instead."""
-        here = self._here
-        if here is None or here.db is None:
-            return _BUSY
-        try:
-            return work(here.db, *args)
-        except sqlite3.Error as exc:
-            if not _busy(exc):
-                raise self._read_failed(what, exc) from exc
-            return _BUSY
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
@@ -838,7 +819,7 @@ class _SqliteDialect:
         return int(rows[0][0])
 
     async def close(self) -> None:
-        here = () if self._here is None else (self._here,)
+        here = () if self._pages_here is None else (self._pages_here,)
         for connection in (self.writer, self._reader, *self._pagers, self._records, self._scanner, *here):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
@@ -878,7 +859,7 @@ class SqliteStore(DialectStore):
             opened.append(writer)
             await writer.run(_prepare, where, mode)
             await writer.run(_create_live_tables, where)
-            roles = ("reader", *(f"pager-{i}" for i in range(_PAGERS)), "records", "scanner", "here")
+            roles = ("reader", *(f"pager-{i}" for i in range(_PAGERS)), "records", "scanner", "pages-here")
             for role in roles:
                 # The event loop's own connection never waits for a lock (list_rows).
                 timeout_ms = 0 if role == "pages-here" else busy_timeout_ms
