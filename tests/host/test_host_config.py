@@ -231,7 +231,7 @@ def test_limits_have_defaults_flags_and_variables() -> None:
     )
     assert (given.limits.max_input_bytes, given.limits.max_executions) == (2048, 8)
     assert given.limits.max_project_executions == 4
-    assert config.limits.max_read_loop_percent == 2
+    assert config.limits.max_read_loop_percent == 1
     assert config.limits == Limits()  # the flags' defaults are the limits' own (DEFAULT_LIMITS)
     assert resolve(["--max-read-loop-percent", "0"]).limits.max_read_loop_percent == 0  # never paced
     paced = resolve([], {"AGENTSESSIONS_MAX_READ_LOOP_PERCENT": "12"})

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 
 from agentsessions.host.controller import pacing, watch
 from agentsessions.host.controller.pacing import LagProbe, LoopBudget, ReadPacer
+from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.v1 import common_pb2, session_pb2
@@ -188,6 +190,78 @@ async def test_timed_hands_cancels_and_errors_through_and_charges_the_cleanup() 
     with pytest.raises(ValueError, match="bad page"):
         await budget.timed(fails())
     assert budget.spent == pytest.approx(0.005)
+
+
+async def test_only_steps_spent_wholly_on_live_records_go_uncharged() -> None:
+    f = Fakes()
+    budget = f.budget(0.1)
+    stored, new = asyncio.Event(), asyncio.Event()
+
+    async def follower() -> None:
+        f.now += 0.002  # the last page from the store, then live
+        pacing.live(True)
+        await stored.wait()
+        f.now += 0.007  # a record as a turn appended it
+        await new.wait()
+        f.now += 0.003
+        pacing.live(False)  # behind again: reading the store
+        pacing.live(True)
+
+    async def replay() -> None:
+        await stored.wait()
+        f.now += 0.005  # another call, in a task (and a context) of its own: charged
+
+    async def timed(read: Coroutine[Any, Any, None]) -> None:
+        await budget.timed(read)
+
+    following = asyncio.create_task(timed(follower()))
+    replaying = asyncio.create_task(timed(replay()))
+    await asyncio.sleep(0)
+    assert budget.spent == pytest.approx(0.002)  # the step began catching up: charged
+    stored.set()
+    await replaying
+    await asyncio.sleep(0)
+    assert budget.spent == pytest.approx(0.007)  # the replay's step; the live one not
+    new.set()
+    await following
+    assert budget.spent == pytest.approx(0.010)  # live at both ends, but it read the store
+
+
+async def test_a_watch_following_live_is_charged_for_its_catch_up_only(
+    host: HostUnderTest, fakes: Fakes
+) -> None:
+    uid = await _long_session(host)
+    budget = host.controller._core.reads
+    feed = JournalFeed()
+    fakes.tick = 0.001  # every look at the clock finds a millisecond gone: every step costs
+    got: list[int] = []
+    delivered = {RECORDS: asyncio.Event(), RECORDS + 1: asyncio.Event()}
+
+    async def follow() -> None:
+        with feed.subscribe(uid) as sub:
+            async for item in watch._follow(host.controller._core, uid, 1, sub, 60.0):
+                if isinstance(item, common_pb2.LogRecord):
+                    got.append(item.seq)
+                    if item.seq in delivered:
+                        delivered[item.seq].set()
+                    if item.seq == RECORDS + 2:
+                        return
+
+    async def timed() -> None:
+        await budget.timed(follow())
+
+    following = asyncio.create_task(timed())
+    await delivered[RECORDS].wait()
+    caught_up = budget.spent
+    assert caught_up > 0  # the stored records, read to catch up
+    for seq in (RECORDS + 1, RECORDS + 2):
+        record = common_pb2.LogRecord(seq=seq, event=common_pb2.Event(kind=common_pb2.EVENT_INPUT))
+        feed.appended(uid, [record])
+        if seq in delivered:
+            await delivered[seq].wait()
+    await following
+    assert got == list(range(1, RECORDS + 3))
+    assert budget.spent == caught_up  # the two live records cost the budget nothing
 
 
 # -- the listing's rate ----------------------------------------------------------------------------

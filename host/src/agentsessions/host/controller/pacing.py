@@ -7,7 +7,8 @@ drives every turn. Forty callers reading in a loop (20 replaying whole journals,
 sessions) took 74% of a loaded host's turns (``bench/load.py --think 0``). So while executions run
 and the loop is congested, the calls that stream records (``Sessions.Replay``,
 ``LiveSessions.Watch``) may use at most ``--max-read-loop-percent`` of the loop's time, all callers
-together; at any other time they stream as fast as their clients read them.
+together; at any other time they stream as fast as their clients read them. A watcher delivering
+records live, as the turns append them, is not charged (see ``live``): only reads of the store are.
 
 The budget is of time, not of records: each step such a call takes on the loop (from the moment
 its task resumes until it suspends again, gRPC's serializing and queueing of each message
@@ -18,8 +19,9 @@ wall time: it counts a step's waits for the GIL and the time the machine preempt
 so a busy machine gives readers fewer records for the same share (56-111 us charged a record where
 the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRPC's completion
 work for those messages, which runs in its own callbacks: with 20 replayers the turns lost a few
-times the share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%), which is why the default
-is 2%.
+times the share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%). The default is 1% since
+live delivery stopped being charged: 20 replayers, 20 listers and 20 live watchers then cost a
+saturated host 10.7-15.1% of its turns with every replay done within its minute (bench/README.md).
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Final, Generic, TypeVar
@@ -237,25 +240,66 @@ class _Timed(Generic[_T]):
         return _steps(self._work, self._spend, self._clock)
 
 
+class _Charge:
+    """Whether a timed read delivers live records now, and whether its current step did anything
+    else (see ``live``)."""
+
+    __slots__ = ("live", "other")
+
+    def __init__(self) -> None:
+        self.live = False
+        self.other = False
+
+
+# The charge of the timed read running in this task (a context variable: each call its own).
+_CHARGE: Final[contextvars.ContextVar[_Charge | None]] = contextvars.ContextVar(
+    "agentsessions_read_charge", default=None
+)
+
+
+def live(delivering: bool) -> None:
+    """Say whether the calling read now delivers live records (True) or stored ones (False).
+
+    A live follower (``LiveSessions.Watch`` caught up with its session) delivers each record once,
+    as the session's own turn appends it: its cost grows with the turns' rate, not with a journal's
+    length, and it never waits on the budget (a follower waits only between pages it reads from the
+    store). Charged, it only moved the budget's clock ahead of the reads that do wait: under the
+    load suite, 20 watchers following live left 20 whole-journal replays a fraction of the share,
+    and replays ran past their callers' one-minute deadline (bench/README.md). So a step spent
+    wholly on live delivery is not charged; any step that reads the store to catch up is, as a
+    Replay's are."""
+    charge = _CHARGE.get()
+    if charge is not None:
+        charge.live = delivering
+        charge.other = charge.other or not delivering
+
+
 def _steps(
     work: Coroutine[Any, Any, _T], spend: Callable[[float], None], clock: Callable[[], float]
 ) -> Generator[Any, Any, _T]:
     """Drive ``work`` as the awaiting task would, timing each step: what it yields (the future it
-    waits on) goes up to the task unchanged, and what the task sends or throws comes back down."""
+    waits on) goes up to the task unchanged, and what the task sends or throws comes back down.
+    A step is charged unless the read delivered live records all through it (``live``)."""
     sent: Any = None
     thrown: BaseException | None = None
+    charge = _Charge()
+    _CHARGE.set(charge)  # this task's context: what ``live`` finds from within ``work``
     while True:
         began = clock()
+        charge.other = not charge.live
         try:
             waits_on = work.send(sent) if thrown is None else work.throw(thrown)
         except StopIteration as done:
-            spend(clock() - began)
+            if charge.other or not charge.live:
+                spend(clock() - began)
             result: _T = done.value
             return result
         except BaseException:
-            spend(clock() - began)
+            if charge.other or not charge.live:
+                spend(clock() - began)
             raise
-        spend(clock() - began)
+        if charge.other or not charge.live:
+            spend(clock() - began)
         sent, thrown = None, None
         try:
             sent = yield waits_on

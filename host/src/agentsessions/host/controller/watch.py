@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host.callcontext import CallContext
-from agentsessions.host.controller import sessions
+from agentsessions.host.controller import pacing, sessions
 from agentsessions.host.controller.core import Core
 from agentsessions.host.controller.errors import ExecutionCancelled, HarnessRunError
 from agentsessions.host.controller.executions import latest_execution
@@ -137,12 +137,14 @@ async def _follow(
     feed's deltas and queue changes between them, CAUGHT_UP after each burst and QUIET after each
     quiet ``poll_s``. Raises SessionNotFoundError when the session is deleted."""
     while True:
+        pacing.live(False)  # reading the store to catch up: charged to the readers' budget
         async for record in _pages(core, uid, next_seq):
             yield record
             next_seq = record.seq + 1
         yield CAUGHT_UP
         if sub is None:
             return
+        pacing.live(True)  # records as the turns append them: not charged (pacing.live)
         reread = False
         while not reread:
             items = await sub.next(poll_s)
