@@ -21,7 +21,7 @@ the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRP
 work for those messages, which runs in its own callbacks: with 20 replayers the turns lost a few
 times the share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%). The default is 1% since
 live delivery stopped being charged: 20 replayers, 20 listers and 20 live watchers then cost a
-saturated host 10.7-15.1% of its turns with every replay done within its minute (bench/README.md).
+saturated host 10.7-15.9% of its turns with every replay done within its minute (bench/README.md).
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
