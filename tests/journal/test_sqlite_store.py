@@ -774,3 +774,29 @@ async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(
     # The writer's own busy timeout is back after the attempt that did not wait.
     timeout = await dialect.writer.queued(lambda db: db.execute("PRAGMA busy_timeout").fetchone()[0])
     assert timeout == dialect.writer.busy_timeout_ms > 0
+
+
+# -- decoded execution projections ---------------------------------------------------------------
+
+
+async def test_a_listing_keeps_its_rows_projections_decoded_and_a_turns_row_read_does_not(
+    store: SqliteStore,
+) -> None:
+    # A row read to admit a turn finds a projection the turn before it just changed: kept, each
+    # turn left two objects for the collector to walk until ~8,000 more turns had passed.
+    start = common_pb2.Event(
+        kind=common_pb2.EVENT_EXECUTION_START,
+        execution_id="00000000000000aa",
+        execution_start=common_pb2.ExecutionStart(input_count=1),
+    )
+    execstate._DECODED.clear()  # the cache is the process's: start from nothing
+    await store.create_session(SessionRow(uid="s", project="p"))
+    await store.append("s", [start, inp("a")], expected_head=0, fence=0)
+    read = await store.get_session("s")
+    assert read is not None and read.exec_projection is not None
+    text = read.exec_projection.encode()
+    assert text not in execstate._DECODED
+    (listed,), _ = await store.list_sessions("p", 10, "")
+    assert execstate._DECODED.get(text) is listed.exec_projection
+    again = await store.get_session("s")
+    assert again is not None and again.exec_projection is listed.exec_projection  # found, not decoded

@@ -505,7 +505,7 @@ class _PostgresDialect:
                     after[1],
                     limit,
                 )
-        return [_row_from_record(r) for r in recs]
+        return [_row_from_record(r, listed=True) for r in recs]
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         async with self._conn("read") as conn:
@@ -747,7 +747,8 @@ def _decode_map(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in cast(Mapping[str, Any], loaded).items()}
 
 
-def _row_from_record(rec: Any) -> SessionRow:
+def _row_from_record(rec: Any, *, listed: bool = False) -> SessionRow:
+    """A session row from its columns; ``listed``: read for a listing (see execstate.decode)."""
     origin = None if rec["origin"] is None else common_pb2.Origin.FromString(rec["origin"])
     identity = None if rec["identity"] is None else common_pb2.IdentityRef.FromString(rec["identity"])
     return SessionRow(
@@ -766,7 +767,7 @@ def _row_from_record(rec: Any) -> SessionRow:
         update_time_ns=int(rec["updated_at"]),
         compute_state=str(rec["compute_state"]),
         last_seq=int(rec["last_seq"]),
-        exec_projection=execstate.decode(rec["exec_projection"]),
+        exec_projection=execstate.decode(rec["exec_projection"], keep=listed),
         last_hash=str(rec["last_hash"]),
     )
 

@@ -224,7 +224,8 @@ def _json_object(text: str) -> dict[str, str]:
     return {} if text == "{}" else dict(json.loads(text))  # most sessions carry no labels
 
 
-def _row_from(rec: Sequence[Any]) -> SessionRow:
+def _row_from(rec: Sequence[Any], *, listed: bool = False) -> SessionRow:
+    """A session row from its columns; ``listed``: read for a listing (see execstate.decode)."""
     return SessionRow(
         uid=rec[0],
         project=rec[1],
@@ -241,7 +242,7 @@ def _row_from(rec: Sequence[Any]) -> SessionRow:
         update_time_ns=rec[12],
         compute_state=rec[13],
         last_seq=rec[14],
-        exec_projection=execstate.decode(rec[15]),
+        exec_projection=execstate.decode(rec[15], keep=listed),
         last_hash=rec[16],
     )
 
@@ -605,7 +606,7 @@ def _list_rows(
         f"WHERE project = ? AND deleted = 0 {where}ORDER BY created_at DESC, session ASC LIMIT ?)",
         args,
     ).fetchone()
-    rows = [_row_from(_page_item(item)) for item in json.loads(text)]
+    rows = [_row_from(_page_item(item), listed=True) for item in json.loads(text)]
     # The aggregate's order is the subquery's in practice, which SQLite does not promise.
     rows.sort(key=lambda r: (-r.create_time_ns, r.uid))
     return rows
