@@ -250,6 +250,13 @@ class _Charge:
         self.live = False
         self.other = False
 
+    def begin_step(self) -> None:
+        self.other = not self.live
+
+    def owed(self) -> bool:
+        """Whether the step just taken is charged: it did anything but deliver live records."""
+        return self.other or not self.live
+
 
 # The charge of the timed read running in this task (a context variable: each call its own).
 _CHARGE: Final[contextvars.ContextVar[_Charge | None]] = contextvars.ContextVar(
@@ -286,19 +293,19 @@ def _steps(
     _CHARGE.set(charge)  # this task's context: what ``live`` finds from within ``work``
     while True:
         began = clock()
-        charge.other = not charge.live
+        charge.begin_step()
         try:
             waits_on = work.send(sent) if thrown is None else work.throw(thrown)
         except StopIteration as done:
-            if charge.other or not charge.live:
+            if charge.owed():
                 spend(clock() - began)
             result: _T = done.value
             return result
         except BaseException:
-            if charge.other or not charge.live:
+            if charge.owed():
                 spend(clock() - began)
             raise
-        if charge.other or not charge.live:
+        if charge.owed():
             spend(clock() - began)
         sent, thrown = None, None
         try:
