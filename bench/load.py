@@ -75,6 +75,8 @@ class Calls:
         return {
             "calls": len(self.latencies),
             "p50_ms": _percentile(self.latencies, 0.50) * 1000,
+            "p90_ms": _percentile(self.latencies, 0.90) * 1000,
+            "p95_ms": _percentile(self.latencies, 0.95) * 1000,
             "p99_ms": _percentile(self.latencies, 0.99) * 1000,
             "errors": dict(self.errors),
         }
