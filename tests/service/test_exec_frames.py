@@ -8,7 +8,7 @@ from grpc import aio
 
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.service.sessions import SessionsServicer
-from agentsessions.v1 import session_pb2, session_pb2_grpc
+from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from tests.support.host import running_host, text_input
 
 
@@ -52,3 +52,38 @@ async def test_the_generated_registration_still_serves_messages(store: JournalSt
         "record",
         "record",
     ]
+
+
+async def test_a_pre_encoded_page_of_sessions_is_the_page_as_a_message(store: JournalStore) -> None:
+    """ListSessions encodes its page itself (to check its size) and sends those bytes as they are."""
+    async with running_host(store) as host:
+        for i in range(5):
+            await host.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(
+                    session=session_pb2.Session(
+                        harness="echo",
+                        labels={"team": f"t{i}"},
+                        annotations={"note": "x" * i},
+                        metadata=common_pb2.ResourceMetadata(project="frames", name=f"s{i}"),
+                    )
+                )
+            )
+        server = aio.server()
+        session_pb2_grpc.add_SessionsServicer_to_server(SessionsServicer(host.controller), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = session_pb2_grpc.SessionsStub(channel)
+                token, sizes = "", []
+                for _ in range(2):
+                    request = session_pb2.ListSessionsRequest(project="frames", page_size=3, page_token=token)
+                    pre_encoded = await host.sessions.ListSessions(request)
+                    as_message = await stub.ListSessions(request)
+                    assert pre_encoded == as_message
+                    sizes.append(len(pre_encoded.sessions))
+                    token = pre_encoded.next_page_token
+                assert sizes == [3, 2]
+                assert token == ""
+        finally:
+            await server.stop(None)

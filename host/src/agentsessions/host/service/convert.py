@@ -15,18 +15,24 @@ _COMPUTE = {
 
 def session_proto(view: SessionView) -> session_pb2.Session:
     """The wire Session for a view (every response and Exec frame that carries one)."""
+    s = session_pb2.Session()
+    fill_session(s, view)
+    return s
+
+
+def fill_session(s: session_pb2.Session, view: SessionView) -> None:
+    """Write a view's Session into ``s``, an empty message (a listing's ``sessions.add()``: built
+    in place, no copy on append)."""
     row = view.row
-    s = session_pb2.Session(
-        harness=row.harness,
-        model=row.model,
-        exec_state=view.exec_state,  # type: ignore[arg-type]
-        compute_state=_COMPUTE.get(row.compute_state, session_pb2.COMPUTE_NONE),
-        last_seq=row.last_seq,
-        parent_uid=row.parent_uid,
-        fork_seq=row.fork_seq,
-    )
     # Plain field stores: a listing converts up to 500 of these, and the constructor's map
     # arguments and Timestamp.FromNanoseconds cost more than the rest of the message together.
+    s.harness = row.harness
+    s.model = row.model
+    s.exec_state = view.exec_state  # type: ignore[assignment]
+    s.compute_state = _COMPUTE.get(row.compute_state, session_pb2.COMPUTE_NONE)
+    s.last_seq = row.last_seq
+    s.parent_uid = row.parent_uid
+    s.fork_seq = row.fork_seq
     if row.labels:
         s.labels.update(row.labels)
     if row.annotations:
@@ -45,4 +51,3 @@ def session_proto(view: SessionView) -> session_pb2.Session:
         s.origin.CopyFrom(row.origin)
     if row.identity is not None:
         s.identity.CopyFrom(row.identity)
-    return s

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from grpc import aio
 
 from agentsessions.host import callcontext, protowire
@@ -24,12 +25,13 @@ from agentsessions.host.controller.approvals import Decision
 from agentsessions.host.controller.controller import Controller
 from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.controller.fork import ForkParams
+from agentsessions.host.controller.state import SessionView
 from agentsessions.host.controller.turns import ExecParams
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.limits import MAX_READABLE_BYTES, Limits
 from agentsessions.host.service import result_schema
 from agentsessions.host.service import validation as v
-from agentsessions.host.service.convert import session_proto
+from agentsessions.host.service.convert import fill_session, session_proto
 from agentsessions.host.service.status import status_of
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
@@ -148,21 +150,34 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     ) -> session_pb2.Session:
         return session_proto(await self.controller.view(v.session_uid("uid", request.uid), call=call))
 
+    # The page goes out as bytes when served by add_to_server (it is encoded here to check its size).
     @_unary
-    async def ListSessions(
+    async def ListSessions(  # type: ignore[override]
         self, request: session_pb2.ListSessionsRequest, call: CallContext
-    ) -> session_pb2.ListSessionsResponse:
+    ) -> session_pb2.ListSessionsResponse | bytes:
         project = v.bounded("project", request.project)
         views, token = await self.controller.list_sessions(
             project, request.page_size, request.page_token, call=call
         )
         page = session_pb2.ListSessionsResponse(next_page_token=token)
+        add = page.sessions.add
+        for view in views:
+            fill_session(add(), view)
+        encoded = page.SerializeToString()
+        if len(encoded) > MAX_READABLE_BYTES and len(views) > 1:
+            page = self._cut_page(views)
+            encoded = page.SerializeToString()
+        return encoded if self.pre_encoded else page
+
+    def _cut_page(self, views: list[SessionView]) -> session_pb2.ListSessionsResponse:
+        """The longest prefix of ``views`` (at least one) a client on gRPC's default 4 MiB limit
+        reads, and the token of the page after it."""
+        page = session_pb2.ListSessionsResponse()
         size = 0
         for i, view in enumerate(views):
             session = session_proto(view)
             size += session.ByteSize() + 8  # the field's tag and length
             if i > 0 and size > MAX_READABLE_BYTES:
-                # Cut short so a client on gRPC's default 4 MiB limit reads every page.
                 page.next_page_token = self.controller.page_token_after(views[i - 1])
                 break
             page.sessions.append(session)
@@ -270,7 +285,7 @@ def add_to_server(servicer: SessionsServicer, server: aio.Server) -> None:
         response = getattr(session_pb2, method.output_type.name, None) or getattr(
             common_pb2, method.output_type.name
         )
-        serialize = _frame_bytes if method.name == "Exec" else response.SerializeToString
+        serialize = _as_bytes if method.name in _PRE_ENCODED else response.SerializeToString
         if method.client_streaming:
             raise TypeError(f"Sessions.{method.name}: client streaming is not served here")
         make = (
@@ -294,8 +309,12 @@ def _record_frame(record: common_pb2.LogRecord) -> bytes:
     return b"".join((_RECORD_TAG, protowire.varint(len(body)), body))
 
 
-def _frame_bytes(frame: session_pb2.ExecUpdate | bytes) -> bytes:
-    return frame if isinstance(frame, bytes) else frame.SerializeToString()
+# Methods whose handlers may answer with their response already encoded (``pre_encoded``).
+_PRE_ENCODED = frozenset({"Exec", "ListSessions"})
+
+
+def _as_bytes(message: Message | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _requested_row(s: session_pb2.Session, limits: Limits) -> SessionRow:
