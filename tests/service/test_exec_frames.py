@@ -87,3 +87,16 @@ async def test_a_pre_encoded_page_of_sessions_is_the_page_as_a_message(store: Jo
                 assert token == ""
         finally:
             await server.stop(None)
+
+
+async def test_a_page_walked_for_its_cut_keeps_the_token_when_nothing_is_cut(store: JournalStore) -> None:
+    """A page over the limit by its encoding but not by its sessions' sizes goes out whole, with the
+    token of the page after it."""
+    async with running_host(store) as host:
+        for _ in range(3):
+            await host.sessions.CreateSession(session_pb2.CreateSessionRequest())
+        views, token = await host.controller.list_sessions("", 2, "")
+        assert token
+        page = SessionsServicer(host.controller)._cut_page(views, token)
+        assert len(page.sessions) == 2
+        assert page.next_page_token == token

@@ -165,14 +165,14 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             fill_session(add(), view)
         encoded = page.SerializeToString()
         if len(encoded) > MAX_READABLE_BYTES and len(views) > 1:
-            page = self._cut_page(views)
+            page = self._cut_page(views, token)
             encoded = page.SerializeToString()
         return encoded if self.pre_encoded else page
 
-    def _cut_page(self, views: list[SessionView]) -> session_pb2.ListSessionsResponse:
+    def _cut_page(self, views: list[SessionView], token: str) -> session_pb2.ListSessionsResponse:
         """The longest prefix of ``views`` (at least one) a client on gRPC's default 4 MiB limit
-        reads, and the token of the page after it."""
-        page = session_pb2.ListSessionsResponse()
+        reads, and the token of the page after it (``token`` when nothing is cut)."""
+        page = session_pb2.ListSessionsResponse(next_page_token=token)
         size = 0
         for i, view in enumerate(views):
             session = session_proto(view)
