@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 # The youngest generation is collected after this many new container objects (CPython: 700), the
 # middle one after this many collections of the youngest (CPython: 10).
-GC_YOUNG_THRESHOLD = 100_000
+GC_YOUNG_THRESHOLD = 50_000
 GC_MIDDLE_THRESHOLD = 3
 
 
@@ -87,13 +87,15 @@ def collect_garbage_for_serving() -> None:
     collections, so it reaches the oldest generation, whose collections then run every second
     and pause the event loop for 60-240 ms each (bench/load.py: 3.4 s of 30 s in the collector).
 
-    Under load a young collection walks mostly the turns in flight, and a larger threshold spaces
-    collections out much more than it lengthens them; a middle collection walks what the host
-    kept since the last one (the journal cache), so it lengthens with the time between them.
-    bench/load.py, 200 sessions with readers for 150 s: at 100,000 and 3, 27 young collections of
-    ~45 ms and 5 middle ones of 150-190 ms, 1.7 s in the collector; at 50,000 and 20 (before),
-    160 young of ~20 ms and 7 middle of 120-140 ms, 4.2 s; at 100,000 and CPython's 10, 2 middle
-    collections of 320-360 ms. Garbage waiting for a collection is bounded by the thresholds.
+    A young collection walks mostly the turns in flight, so its pause grows with the threshold;
+    a middle one walks what the host kept since the last one. bench/load.py, 200 sessions with
+    readers, one phase (~75 s of a host's life; bench/README.md, "The collector at 50,000"): at
+    50,000 and 3, ~40 young collections of ~15 ms (max 25 ms) and 10 middle ones of ~20 ms (max
+    51 ms), 0.8 s in the collector; at 100,000 and 3, 4 young ones of 43-47 ms (max 67 ms) and one
+    middle one of ~90 ms, 0.3 s. A listing's p99 in four alternated runs each: 74.4-87.0 ms at
+    50,000, 85.6-132.7 ms at 100,000. (Before the journal cache kept its events encoded, a middle
+    collection at 50,000 and 20 took 120-150 ms, and 100,000 was the better choice.) Garbage
+    waiting for a collection is bounded by the thresholds.
 
     What the process holds by now (its modules, classes and configuration, ~60,000 objects, all
     living as long as it does) is frozen out of the collector's sight (``gc.freeze``), so no later
