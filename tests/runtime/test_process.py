@@ -251,3 +251,42 @@ async def test_a_harness_process_that_cannot_start_fails_host_startup_with_its_e
     assert "exited with code 1 before it was ready" in message
     assert "cannot import 'tests.runtime.no_such_module'" in message
     assert harness_children() == before  # the one that did start was stopped
+
+
+async def test_admission_takes_the_current_processs_descriptor_and_asks_a_restarted_one() -> None:
+    """Describe once per connection holds for a supervised process too: what its process described
+    is taken without an await until that process is replaced."""
+    runtime = ProcessRuntime("pid", PID, cwd=str(REPO), backoff_initial=0.05)
+    supervised = runtime.harness
+    try:
+        await runtime.start()
+        first = runtime.pid
+        assert first is not None
+        assert supervised.current_descriptor() is None  # nothing described on this connection yet
+        described = await supervised.describe()
+        assert described.id == "pid"
+        assert supervised.current_descriptor() == described
+        os.kill(first, signal.SIGKILL)
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            second = await runtime.ready(replacing=first)
+        assert second != first
+        assert supervised.current_descriptor() is None  # a new process: admission asks it
+        assert await supervised.describe() == described
+        assert supervised.current_descriptor() == described
+    finally:
+        await runtime.close()
+    assert supervised.current_descriptor() is None  # stopping: nothing is current
+
+
+async def test_a_describe_max_age_of_zero_reaches_a_supervised_process() -> None:
+    """``--harness-describe-max-age 0`` (the reference's Describe at every admission) holds for the
+    host's own harness processes as for dialled ones."""
+    async with served_app(
+        HostConfig(journal="memory:", harness_processes=[("pid", PID)], harness_describe_max_age=0)
+    ) as host:
+        runtime = await host.process_runtime("pid")
+        assert runtime.describe_max_age == 0
+        await runtime.harness.describe()
+        assert runtime.harness.current_descriptor() is None  # every admission asks the process
+        _, outputs = await exec_texts(host, "pid")
+        assert outputs == [f"pid {runtime.pid}"]

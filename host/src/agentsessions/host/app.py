@@ -155,7 +155,11 @@ async def build_controller(
     }
     for name, address in config.harnesses:
         static[name] = StaticHarness(dial(address), address)
-    processes = HarnessProcesses(config.harness_processes, grace=config.drain_grace_seconds)
+    processes = HarnessProcesses(
+        config.harness_processes,
+        grace=config.drain_grace_seconds,
+        describe_max_age=config.harness_describe_max_age,
+    )
     app.on_close(processes.close)
     await processes.start()
     for name, runtime in processes.runtimes.items():

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from agentsessions.host import logs
 from agentsessions.host.controller.errors import HarnessUnavailableError
-from agentsessions.host.harnesslink import RemoteHarness
+from agentsessions.host.harnesslink import DESCRIBE_MAX_AGE_S, RemoteHarness
 from agentsessions.host.runtime.journal_backed import JournalBackedRuntime
 from agentsessions.host.runtime.protocol import Incarnation, SnapshotRef
 from agentsessions.sdk.harness import EventSink, Start
@@ -70,6 +70,8 @@ class ProcessRuntime(JournalBackedRuntime):
     ``backoff_initial`` seconds, doubling per quick failure up to ``backoff_max``; the delay
     resets once a process has stayed up for ``stable_after`` seconds. A process stopped because no
     session needs it (see the module docstring) is not restarted until a session attaches again.
+    ``describe_max_age`` is the link's (``RemoteHarness``): how long a process's descriptor serves
+    admissions on one connection (``--harness-describe-max-age``; 0 Describes at every admission).
     """
 
     name = "subprocess"
@@ -92,8 +94,10 @@ class ProcessRuntime(JournalBackedRuntime):
         stable_after: float = 10.0,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        describe_max_age: float = DESCRIBE_MAX_AGE_S,
     ) -> None:
         super().__init__()
+        self.describe_max_age = describe_max_age
         self.harness_name = harness_name
         self.target = target
         self.grace = grace
@@ -301,7 +305,7 @@ class ProcessRuntime(JournalBackedRuntime):
         self._track(_drain_lines(process.stdout, None))
         self._process = process
         self.address = address
-        self._link = _Link(RemoteHarness(address))
+        self._link = _Link(RemoteHarness(address, describe_max_age=self.describe_max_age))
         self._ready_at = asyncio.get_running_loop().time()
         log.info(
             "harness process ready",
@@ -378,6 +382,11 @@ class ProcessRuntime(JournalBackedRuntime):
             raise HarnessUnavailableError(f"harness process {self.harness_name!r} is {state}")
         return link
 
+    def current_link(self) -> _Link | None:
+        """The current process's link while it serves (no restart, idle stop or drain in the way);
+        None when ``link_when_ready`` would have to wait or fail."""
+        return None if self._idle or self._closing else self._link
+
     def links(self) -> list[_Link]:
         return [*([self._link] if self._link is not None else []), *self._retired]
 
@@ -422,6 +431,13 @@ class SupervisedHarness:
         link = await self._runtime.link_when_ready()
         return await link.harness.describe()
 
+    def current_descriptor(self) -> harness_pb2.HarnessDescriptor | None:
+        """What the current process described on its current connection, while that still holds
+        (``RemoteHarness.current_descriptor``); None when ``describe`` would ask, wait for a
+        restart or wake an idle process. Admission takes it without an await."""
+        link = self._runtime.current_link()
+        return None if link is None else link.harness.current_descriptor()
+
     async def run(self, start: Start, sink: EventSink) -> None:
         link = await self._runtime.link_when_ready()
         link.runs += 1
@@ -450,8 +466,10 @@ class HarnessProcesses:
         start_timeout: float = 30.0,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        describe_max_age: float = DESCRIBE_MAX_AGE_S,
     ) -> None:
         self._entries = list(entries)
+        self._describe_max_age = describe_max_age
         self._grace = grace
         self._start_timeout = start_timeout
         self._cwd = cwd
@@ -472,6 +490,7 @@ class HarnessProcesses:
                 start_timeout=self._start_timeout,
                 cwd=self._cwd,
                 env=self._env,
+                describe_max_age=self._describe_max_age,
             )
         results = await asyncio.gather(
             *(runtime.start() for runtime in self.runtimes.values()), return_exceptions=True
