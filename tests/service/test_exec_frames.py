@@ -7,6 +7,7 @@ from __future__ import annotations
 from grpc import aio
 
 from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.service.convert import session_proto
 from agentsessions.host.service.sessions import SessionsServicer
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from tests.support.host import running_host, text_input
@@ -97,6 +98,9 @@ async def test_a_page_walked_for_its_cut_keeps_the_token_when_nothing_is_cut(sto
             await host.sessions.CreateSession(session_pb2.CreateSessionRequest())
         views, token = await host.controller.list_sessions("", 2, "")
         assert token
-        page = SessionsServicer(host.controller)._cut_page(views, token)
+        page = session_pb2.ListSessionsResponse(next_page_token=token)
+        for view in views:
+            page.sessions.append(session_proto(view))
+        SessionsServicer(host.controller)._cut(page, views)
         assert len(page.sessions) == 2
         assert page.next_page_token == token

@@ -165,23 +165,21 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             fill_session(add(), view)
         encoded = page.SerializeToString()
         if len(encoded) > MAX_READABLE_BYTES and len(views) > 1:
-            page = self._cut_page(views, token)
+            self._cut(page, views)
             encoded = page.SerializeToString()
         return encoded if self.pre_encoded else page
 
-    def _cut_page(self, views: list[SessionView], token: str) -> session_pb2.ListSessionsResponse:
-        """The longest prefix of ``views`` (at least one) a client on gRPC's default 4 MiB limit
-        reads, and the token of the page after it (``token`` when nothing is cut)."""
-        page = session_pb2.ListSessionsResponse(next_page_token=token)
+    def _cut(self, page: session_pb2.ListSessionsResponse, views: list[SessionView]) -> None:
+        """Cut ``page`` (the sessions of ``views``) to its longest prefix (at least one) a client on
+        gRPC's default 4 MiB limit reads, with the token of the page after it; as it is when
+        nothing needs cutting."""
         size = 0
-        for i, view in enumerate(views):
-            session = session_proto(view)
+        for i, session in enumerate(page.sessions):
             size += session.ByteSize() + 8  # the field's tag and length
             if i > 0 and size > MAX_READABLE_BYTES:
+                del page.sessions[i:]
                 page.next_page_token = self.controller.page_token_after(views[i - 1])
-                break
-            page.sessions.append(session)
-        return page
+                return
 
     @_unary
     async def DeleteSession(
