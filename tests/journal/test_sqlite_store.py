@@ -21,6 +21,7 @@ from agentsessions.host.journal import (
     SessionRow,
     StoreError,
     TamperedError,
+    engine,
     execstate,
     open_store,
 )
@@ -780,10 +781,11 @@ async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(
 
 
 async def test_a_listing_keeps_its_rows_projections_decoded_and_a_turns_row_read_does_not(
-    store: SqliteStore,
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A row read to admit a turn finds a projection the turn before it just changed: kept, each
     # turn left two objects for the collector to walk until ~8,000 more turns had passed.
+    monkeypatch.setattr(engine, "ROW_TRUST_S", -1.0)  # every row read goes to the database
     start = common_pb2.Event(
         kind=common_pb2.EVENT_EXECUTION_START,
         execution_id="00000000000000aa",

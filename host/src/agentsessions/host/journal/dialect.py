@@ -118,6 +118,14 @@ class Dialect(Protocol):
         """Write transactions this dialect may have open at once."""
         ...
 
+    @property
+    def single_writer(self) -> bool:
+        """Whether a transaction can tell that nobody else committed since this store's last one
+        (``Transaction.foreign_writes`` False): then the store may answer a session's row from
+        what it last wrote (SQLite: the file has one host). False where another host may write at
+        any moment (PostgreSQL replicas) or where rows are read in memory anyway."""
+        ...
+
     async def transaction(self, body: Callable[[Transaction], Awaitable[_T]]) -> _T:
         """Run ``body`` in one write transaction: everything it wrote commits, or nothing does."""
         ...

@@ -15,12 +15,19 @@ The head cache keeps the head of every session this store's writer last wrote or
 lock, so an append to a session this writer owns reads nothing before it writes. It is trusted
 only in a transaction the dialect vouches for (``Transaction.foreign_writes``: nobody else
 committed since this writer's last transaction), dropped otherwise and after any failure.
+
+On a dialect with one writer (SQLite, ``Dialect.single_writer``) the store also keeps the rows of
+sessions it reads, moved along by its own commits, so a turn's admission reads nothing either. A
+kept row is answered only within ``ROW_TRUST_S`` of the last commit that found no foreign writes
+(another process on the file is noticed by this store's next transaction; a quiet store reads its
+rows afresh), and only while its head is the one the writer knows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +57,9 @@ DEFAULT_MAX_BATCH: Final = 1024
 HEAD_CACHE_SIZE: Final = 4096
 # Writers of a committed batch woken per event-loop turn (_settle_in_turns).
 SETTLE_PER_TURN: Final = 16
+# How long after a commit that found no foreign writes the store answers a session's row from
+# memory (single-writer dialects); later, and after a failed commit, rows are read again.
+ROW_TRUST_S: Final = 0.05
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -67,6 +77,9 @@ class WriterStats:
     failed_commits: int = 0
     # Sessions whose head was read from the database (not known from the head cache).
     head_reads: int = 0
+    # Session rows answered from memory, and read from the database (single-writer dialects).
+    row_hits: int = 0
+    row_reads: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -87,13 +100,17 @@ class _Write(Generic[_T]):
 class HeadView:
     """The heads one transaction sees: the cache (when trusted) under this batch's own changes.
 
-    A write program that changes a session's row calls ``forget`` (or ``set`` with the new head)."""
+    A write program that changes a session's row calls ``forget`` (or ``set`` with the new head);
+    one that only moved its head with ``append_rows`` calls ``moved``, so the row kept in memory
+    moves along instead of being read again."""
 
-    __slots__ = ("cache", "changed", "reads")
+    __slots__ = ("cache", "changed", "moved_at", "reads")
 
     def __init__(self, cache: dict[str, SessionHead]) -> None:
         self.cache = cache
         self.changed: dict[str, SessionHead | None] = {}
+        # Sessions whose head append_rows moved (with the row's new update time), and nothing else.
+        self.moved_at: dict[str, int] = {}
         self.reads = 0  # heads this transaction read from the database
 
     def get(self, uid: str) -> SessionHead | None:
@@ -104,9 +121,16 @@ class HeadView:
     def set(self, head: SessionHead) -> None:
         # Only rows are remembered: a session created elsewhere is then read, never assumed absent.
         self.changed[head.uid] = head if head.exists else None
+        self.moved_at.pop(head.uid, None)
+
+    def moved(self, head: SessionHead, now_ns: int) -> None:
+        """``head`` as ``append_rows(..., now_ns)`` left it: only the head columns changed."""
+        self.changed[head.uid] = head
+        self.moved_at[head.uid] = now_ns
 
     def forget(self, uid: str) -> None:
         self.changed[uid] = None
+        self.moved_at.pop(uid, None)
 
 
 class DialectStore:
@@ -116,6 +140,10 @@ class DialectStore:
         self._dialect = dialect
         self._closing = False
         self._heads: dict[str, SessionHead] = {}
+        # Rows of sessions, kept where one writer owns the journal (see the module docstring), and
+        # when (time.monotonic) the last commit vouched that nobody else wrote.
+        self._rows: dict[str, SessionRow] | None = {} if dialect.single_writer else None
+        self._vouched_at = -math.inf
         self._queue: GroupCommit[_Write[Any]] | None = None
         # Unwritable after a write the journal refused for want of storage; writable after any commit.
         self.health = JournalHealth()
@@ -209,13 +237,13 @@ class DialectStore:
             )
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             # Nobody may hang on a write whose outcome the writer will never learn.
-            self._heads.clear()
+            self._forget_all()
             for write in batch:
                 _settle(write.future, StoreError(f"journal write abandoned: {exc!r}"))
             raise
         except Exception as exc:
             # Whatever the transaction did is undone, or its outcome is unknown: read heads afresh.
-            self._heads.clear()
+            self._forget_all()
             self.stats.failed_commits += 1
             failure = self._dialect.batch_failure(exc)
             if issubclass(failure.kind, JournalUnavailableError):
@@ -250,6 +278,12 @@ class DialectStore:
             settled.append((write.future, outcome))
         await _settle_in_turns(settled)
 
+    def _forget_all(self) -> None:
+        self._heads.clear()
+        if self._rows is not None:
+            self._rows.clear()
+        self._vouched_at = -math.inf
+
     def _remember(self, view: HeadView, foreign: bool) -> None:
         cache = self._heads
         if foreign:
@@ -260,6 +294,27 @@ class DialectStore:
                 cache[uid] = head
         while len(cache) > HEAD_CACHE_SIZE:
             del cache[next(iter(cache))]
+        rows = self._rows
+        if rows is None:
+            return
+        if foreign:
+            rows.clear()
+        moved_at = view.moved_at
+        for uid, head in view.changed.items():
+            row = rows.pop(uid, None)
+            if row is None or head is None or uid not in moved_at:
+                continue  # created, deleted or rewritten: read again when asked
+            rows[uid] = dataclasses.replace(
+                row,
+                compute_state=head.compute_state,
+                update_time_ns=moved_at[uid],
+                last_seq=head.seq,
+                last_hash=head.hash,
+                exec_projection=head.exec,
+            )
+        while len(rows) > HEAD_CACHE_SIZE:
+            del rows[next(iter(rows))]
+        self._vouched_at = time.monotonic()
 
     async def _apply(
         self, tx: Transaction, batch: list[_Write[Any]], cache: dict[str, SessionHead]
@@ -302,7 +357,24 @@ class DialectStore:
 
     async def get_session(self, uid: str) -> SessionRow | None:
         self._check_open("get session")
-        return await self._dialect.get_row(uid)
+        rows = self._rows
+        if rows is None:
+            return await self._dialect.get_row(uid)
+        if time.monotonic() - self._vouched_at <= ROW_TRUST_S:
+            kept = rows.get(uid)
+            if kept is not None:
+                self.stats.row_hits += 1
+                return kept
+        self.stats.row_reads += 1
+        found = await self._dialect.get_row(uid)
+        if found is not None:
+            # Kept only when it shows the head the writer knows: a row read while a commit of this
+            # session was on its way (older or newer than the head cache) is not kept.
+            head = self._heads.get(uid)
+            if head is not None and head.seq == found.last_seq and head.hash == found.last_hash:
+                rows.pop(uid, None)
+                rows[uid] = found
+        return found
 
     async def list_sessions(
         self, project: str, page_size: int, page_token: str
@@ -510,7 +582,7 @@ async def _apply_run(
     if plan.rows or plan.moved:
         await tx.append_rows(plan.rows, list(plan.moved.values()), now)
     for head in plan.moved.values():
-        view.set(head)
+        view.moved(head, now)
     return plan.outcomes
 
 

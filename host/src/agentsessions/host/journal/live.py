@@ -272,7 +272,7 @@ class LiveStore:
             assert isinstance(outcome, rules.Appended)
             await tx.append_rows(plan.rows, list(plan.moved.values()), now)
             for moved in plan.moved.values():
-                view.set(moved)
+                view.moved(moved, now)
             await live.lease_put(lease, now)
             if key is not None:
                 start_seq = outcome.chain[0][0]

@@ -199,6 +199,7 @@ class _MemoryTransaction(MemoryLiveStatements):
 class _MemoryDialect:
     immediate: Final = True
     max_in_flight: Final = 1
+    single_writer: Final = False
 
     def __init__(self) -> None:
         self.memory = _Memory()

@@ -446,6 +446,7 @@ class _Transaction(PostgresLiveStatements):
 
 class _PostgresDialect:
     immediate: Final = False
+    single_writer: Final = False  # replicas write the same database
 
     def __init__(self, pool: Any, url: str, *, flushers: int) -> None:
         self.pool = pool

@@ -675,6 +675,7 @@ def _fetch_all(db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[
 class _SqliteDialect:
     immediate: Final = False
     max_in_flight: Final = 1
+    single_writer: Final = True
 
     def __init__(
         self,
