@@ -214,6 +214,22 @@ async def test_superseded_fence_is_refused_across_processes(
     ]
 
 
+async def test_a_replicas_row_is_read_afresh_after_another_replica_wrote(
+    store: PostgresStore, workers: Callable[[int], Awaitable[list[Worker]]]
+) -> None:
+    # Replicas share the database: a row is never answered from memory (SQLite's single-writer
+    # row memory is off here), so the other replica's append shows at once.
+    await store.create_session(SessionRow(uid="sess-row", project="p"))
+    await store.append("sess-row", [text_event("mine")], expected_head=0, fence=0)
+    mine = await store.get_session("sess-row")
+    assert mine is not None and mine.last_seq == 1
+    (other,) = await workers(1)
+    assert (await other.call(op="append", uid="sess-row", expected=1, fence=0, text="theirs"))["seq"] == 2
+    seen = await store.get_session("sess-row")
+    assert seen is not None and seen.last_seq == 2
+    assert store.stats.row_hits == 0
+
+
 async def test_racing_fence_mints_are_all_distinct(
     store: PostgresStore, workers: Callable[[int], Awaitable[list[Worker]]]
 ) -> None:
