@@ -3,8 +3,6 @@ commits; another process's write is noticed by the next commit, and a quiet stor
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,13 +12,7 @@ from agentsessions.host.journal import SessionRow, StoreError, engine
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.v1 import common_pb2
-
-
-def inp(text: str) -> common_pb2.Event:
-    ev = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
-    ev.message.role = "user"
-    ev.message.parts.add().text.text = text
-    return ev
+from tests.journal.journals import inp, other_process_appends
 
 
 def turn(execution_id: str, text: str) -> list[common_pb2.Event]:
@@ -96,36 +88,13 @@ async def test_a_quiet_store_reads_its_rows_afresh(
     assert store.stats.row_hits == 0 and store.stats.row_reads == 2
 
 
-OTHER_HOST = """
-import asyncio, sys
-from agentsessions.host.journal import open_store
-from agentsessions.v1 import common_pb2
-
-async def main() -> None:
-    store = await open_store(sys.argv[1])
-    event = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
-    event.message.parts.add().text.text = "from another process"
-    await store.append("s", [event], expected_head=int(sys.argv[2]), fence=0)
-    await store.close()
-
-asyncio.run(main())
-"""
-
-
-async def other_process_appends(store: SqliteStore, expected_head: int) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", OTHER_HOST, store.path, str(expected_head)
-    )
-    assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
-
-
 async def test_another_processs_write_is_noticed_by_the_next_commit(store: SqliteStore) -> None:
     await store.create_session(SessionRow(uid="s", project="p"))
     await store.create_session(SessionRow(uid="t", project="p"))
     await store.get_session("s")
     await store.append("s", [inp("mine")], expected_head=0, fence=0)
     assert (await store.get_session("s")) == await fresh(store, "s")
-    await other_process_appends(store, 1)
+    await other_process_appends(store.path, 1)
     # This store's next commit (any session's) finds that someone else wrote: no row it kept
     # is answered any more.
     await store.append("t", [inp("elsewhere")], expected_head=0, fence=0)
@@ -140,7 +109,7 @@ async def test_a_row_that_shows_another_head_than_the_writer_knows_is_not_kept(
 ) -> None:
     await store.create_session(SessionRow(uid="s", project="p"))
     await store.append("s", [inp("mine")], expected_head=0, fence=0)
-    await other_process_appends(store, 1)
+    await other_process_appends(store.path, 1)
     # The writer still knows head 1; the database holds 2 (nothing of this store's committed
     # since): the row read is answered but not kept, so the next ask reads again.
     reads = store.stats.row_reads

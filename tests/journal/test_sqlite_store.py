@@ -29,14 +29,7 @@ from agentsessions.host.journal import sqlite as sqlite_store
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import APPLICATION_ID, SCHEMA_VERSION, SqliteStore
 from agentsessions.v1 import common_pb2
-from tests.journal.journals import parked_turn
-
-
-def inp(text: str) -> common_pb2.Event:
-    ev = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
-    ev.message.role = "user"
-    ev.message.parts.add().text.text = text
-    return ev
+from tests.journal.journals import inp, other_process_appends, parked_turn
 
 
 async def query(path: Path | str, sql: str) -> list[Any]:
@@ -543,29 +536,11 @@ async def test_another_store_on_the_file_is_noticed(tmp_path: Path) -> None:
         await second.close()
 
 
-OTHER_HOST = """
-import asyncio, sys
-from agentsessions.host.journal import open_store
-from agentsessions.v1 import common_pb2
-
-async def main() -> None:
-    store = await open_store(sys.argv[1])
-    event = common_pb2.Event(kind=common_pb2.EVENT_INPUT)
-    event.message.parts.add().text.text = "from another process"
-    fence = await store.new_fence("s")
-    await store.append("s", [event], expected_head=int(sys.argv[2]), fence=fence)
-    await store.close()
-
-asyncio.run(main())
-"""
-
-
 async def test_another_process_on_the_file_is_noticed(store: SqliteStore) -> None:
     await store.create_session(SessionRow(uid="s", project="p"))
     fence = await store.new_fence("s")
     await store.append("s", [inp("mine")], expected_head=0, fence=fence)
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER_HOST, store.path, "1")
-    assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+    await other_process_appends(store.path, 1, mint_fence=True)
     # The other process minted fence 2 and wrote seq 2: this writer's fence is superseded.
     with pytest.raises(FencedError) as caught:
         await store.append("s", [inp("mine again")], expected_head=2, fence=fence)
