@@ -1,5 +1,5 @@
 """A single-writer store (SQLite) answers a session's row from memory, moved along by its own
-commits; another process's write is noticed by the next commit, and a quiet store reads afresh."""
+commits, while the WAL index's change counter says nobody else committed since."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentsessions.host.journal import SessionRow, StoreError, engine
+from agentsessions.host.journal import ConflictError, SessionRow, StoreError
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.v1 import common_pb2
@@ -76,36 +76,33 @@ async def test_a_deleted_session_is_not_answered_from_memory(store: SqliteStore)
     assert await store.get_session("s") is None
 
 
-async def test_a_quiet_store_reads_its_rows_afresh(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await store.create_session(SessionRow(uid="s", project="p"))
-    await store.get_session("s")
-    await store.append("s", [inp("a")], expected_head=0, fence=0)
-    # Past ROW_TRUST_S since the last commit (made 0 here: no commit is recent enough).
-    monkeypatch.setattr(engine, "ROW_TRUST_S", 0.0)
-    await store.get_session("s")
-    assert store.stats.row_hits == 0 and store.stats.row_reads == 2
-
-
-async def test_another_processs_write_is_noticed_by_the_next_commit(store: SqliteStore) -> None:
+async def test_another_processs_commit_is_seen_at_once(store: SqliteStore) -> None:
     await store.create_session(SessionRow(uid="s", project="p"))
     await store.create_session(SessionRow(uid="t", project="p"))
     await store.get_session("s")
     await store.append("s", [inp("mine")], expected_head=0, fence=0)
     assert (await store.get_session("s")) == await fresh(store, "s")
-    await other_process_appends(store.path, 1)
-    # This store's next commit (any session's) finds that someone else wrote: no row it kept
-    # is answered any more.
-    await store.append("t", [inp("elsewhere")], expected_head=0, fence=0)
     hits = store.stats.row_hits
+    assert hits == 1
+    await other_process_appends(store.path, 1)
+    # Nothing of this store's has committed since: the WAL index's change counter says someone
+    # else did, so the kept row is not answered.
     row = await store.get_session("s")
     assert row is not None and row.last_seq == 2 and store.stats.row_hits == hits
     assert row == await fresh(store, "s")
+    # This store's next commit (any session's) finds the other writer and drops what it kept,
+    # heads included: a row is kept again once the writer knows its head afresh.
+    await store.append("t", [inp("elsewhere")], expected_head=0, fence=0)
+    assert await store.get_session("s") == await fresh(store, "s")
+    assert store.stats.row_hits == hits
+    await store.append("s", [inp("mine again")], expected_head=2, fence=0)
+    assert await store.get_session("s") == await fresh(store, "s")  # read, and kept
+    assert await store.get_session("s") == await fresh(store, "s")
+    assert store.stats.row_hits == hits + 1
 
 
 async def test_a_row_that_shows_another_head_than_the_writer_knows_is_not_kept(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+    store: SqliteStore,
 ) -> None:
     await store.create_session(SessionRow(uid="s", project="p"))
     await store.append("s", [inp("mine")], expected_head=0, fence=0)
@@ -146,3 +143,32 @@ async def test_the_memory_store_keeps_no_second_copy() -> None:
     row = await store.get_session("s")
     assert row is not None and row.last_seq == 1
     assert store.stats.row_hits == store.stats.row_reads == 0
+
+
+async def test_a_transaction_that_wrote_nothing_keeps_what_was_vouched(store: SqliteStore) -> None:
+    await store.create_session(SessionRow(uid="s", project="p"))
+    await store.get_session("s")
+    await store.append("s", [inp("a")], expected_head=0, fence=0)
+    mark = store._dialect.committed_mark
+    assert mark is not None and mark == store._dialect.change_mark()
+    # A refused append commits an empty transaction: the counter stays, and so does the vouch.
+    with pytest.raises(ConflictError):
+        await store.append("s", [inp("stale")], expected_head=0, fence=0)
+    assert store._dialect.committed_mark == mark == store._dialect.change_mark()
+    hits = store.stats.row_hits
+    await store.get_session("s")
+    assert store.stats.row_hits == hits + 1
+
+
+async def test_without_a_wal_index_rows_are_always_read(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "j.db")
+    try:
+        store._sqlite._shm = False  # as when the -shm file cannot be mapped
+        await store.create_session(SessionRow(uid="s", project="p"))
+        await store.get_session("s")
+        await store.append("s", [inp("a")], expected_head=0, fence=0)
+        row = await store.get_session("s")
+        assert row is not None and row.last_seq == 1
+        assert store.stats.row_hits == store.stats.row_reads == 0
+    finally:
+        await store.close()

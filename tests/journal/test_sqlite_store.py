@@ -21,7 +21,6 @@ from agentsessions.host.journal import (
     SessionRow,
     StoreError,
     TamperedError,
-    engine,
     execstate,
     open_store,
 )
@@ -760,7 +759,7 @@ async def test_a_listing_keeps_its_rows_projections_decoded_and_a_turns_row_read
 ) -> None:
     # A row read to admit a turn finds a projection the turn before it just changed: kept, each
     # turn left two objects for the collector to walk until ~8,000 more turns had passed.
-    monkeypatch.setattr(engine, "ROW_TRUST_S", -1.0)  # every row read goes to the database
+    monkeypatch.setattr(store._dialect, "change_mark", lambda: None)  # every row read is a read
     start = common_pb2.Event(
         kind=common_pb2.EVENT_EXECUTION_START,
         execution_id="00000000000000aa",

@@ -118,12 +118,17 @@ class Dialect(Protocol):
         """Write transactions this dialect may have open at once."""
         ...
 
+    def change_mark(self) -> int | None:
+        """A mark of the journal's latest commit by anyone, read without I/O (SQLite: the WAL
+        index's change counter, in shared memory), or None where the dialect has none. While it
+        equals ``committed_mark`` nobody has committed since this store's last commit, and the
+        store answers a session's row from what it last wrote."""
+        ...
+
     @property
-    def single_writer(self) -> bool:
-        """Whether a transaction can tell that nobody else committed since this store's last one
-        (``Transaction.foreign_writes`` False): then the store may answer a session's row from
-        what it last wrote (SQLite: the file has one host). False where another host may write at
-        any moment (PostgreSQL replicas) or where rows are read in memory anyway."""
+    def committed_mark(self) -> int | None:
+        """``change_mark`` right after this store's last commit, when that commit alone moved it
+        (None: unknown, or the dialect has no marks)."""
         ...
 
     async def transaction(self, body: Callable[[Transaction], Awaitable[_T]]) -> _T:

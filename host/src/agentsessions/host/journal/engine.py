@@ -16,18 +16,18 @@ lock, so an append to a session this writer owns reads nothing before it writes.
 only in a transaction the dialect vouches for (``Transaction.foreign_writes``: nobody else
 committed since this writer's last transaction), dropped otherwise and after any failure.
 
-On a dialect with one writer (SQLite, ``Dialect.single_writer``) the store also keeps the rows of
-sessions it reads, moved along by its own commits, so a turn's admission reads nothing either. A
-kept row is answered only within ``ROW_TRUST_S`` of the last commit that found no foreign writes
-(another process on the file is noticed by this store's next transaction; a quiet store reads its
-rows afresh), and only while its head is the one the writer knows.
+Where the dialect can tell without I/O whether anyone committed since this store's last commit
+(SQLite: ``Dialect.change_mark``, the WAL index's change counter) the store also keeps the rows
+of sessions it reads, moved along by its own commits, so a turn's admission reads nothing either.
+A kept row is answered only while nobody else has committed since (another process's commit is
+seen at once; this store's next transaction then drops every kept row), and is kept only when it
+shows the head the writer knows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -57,9 +57,6 @@ DEFAULT_MAX_BATCH: Final = 1024
 HEAD_CACHE_SIZE: Final = 4096
 # Writers of a committed batch woken per event-loop turn (_settle_in_turns).
 SETTLE_PER_TURN: Final = 16
-# How long after a commit that found no foreign writes the store answers a session's row from
-# memory (single-writer dialects); later, and after a failed commit, rows are read again.
-ROW_TRUST_S: Final = 0.05
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -77,7 +74,7 @@ class WriterStats:
     failed_commits: int = 0
     # Sessions whose head was read from the database (not known from the head cache).
     head_reads: int = 0
-    # Session rows answered from memory, and read from the database (single-writer dialects).
+    # Session rows answered from memory, and read from the database (dialects with change marks).
     row_hits: int = 0
     row_reads: int = 0
 
@@ -140,10 +137,10 @@ class DialectStore:
         self._dialect = dialect
         self._closing = False
         self._heads: dict[str, SessionHead] = {}
-        # Rows of sessions, kept where one writer owns the journal (see the module docstring), and
-        # when (time.monotonic) the last commit vouched that nobody else wrote.
-        self._rows: dict[str, SessionRow] | None = {} if dialect.single_writer else None
-        self._vouched_at = -math.inf
+        # Rows of sessions as this store's writer last committed them (see the module docstring),
+        # answered while the dialect's change mark is still the one of that commit.
+        self._rows: dict[str, SessionRow] = {}
+        self._vouched: int | None = None
         self._queue: GroupCommit[_Write[Any]] | None = None
         # Unwritable after a write the journal refused for want of storage; writable after any commit.
         self.health = JournalHealth()
@@ -280,9 +277,8 @@ class DialectStore:
 
     def _forget_all(self) -> None:
         self._heads.clear()
-        if self._rows is not None:
-            self._rows.clear()
-        self._vouched_at = -math.inf
+        self._rows.clear()
+        self._vouched = None
 
     def _remember(self, view: HeadView, foreign: bool) -> None:
         cache = self._heads
@@ -294,11 +290,12 @@ class DialectStore:
                 cache[uid] = head
         while len(cache) > HEAD_CACHE_SIZE:
             del cache[next(iter(cache))]
+        self._vouched = self._dialect.committed_mark
         rows = self._rows
-        if rows is None:
-            return
         if foreign:
             rows.clear()
+        if not rows:
+            return
         moved_at = view.moved_at
         for uid, head in view.changed.items():
             row = rows.pop(uid, None)
@@ -314,7 +311,6 @@ class DialectStore:
             )
         while len(rows) > HEAD_CACHE_SIZE:
             del rows[next(iter(rows))]
-        self._vouched_at = time.monotonic()
 
     async def _apply(
         self, tx: Transaction, batch: list[_Write[Any]], cache: dict[str, SessionHead]
@@ -357,10 +353,11 @@ class DialectStore:
 
     async def get_session(self, uid: str) -> SessionRow | None:
         self._check_open("get session")
-        rows = self._rows
-        if rows is None:
+        mark = self._dialect.change_mark()
+        if mark is None:
             return await self._dialect.get_row(uid)
-        if time.monotonic() - self._vouched_at <= ROW_TRUST_S:
+        rows = self._rows
+        if mark == self._vouched:
             kept = rows.get(uid)
             if kept is not None:
                 self.stats.row_hits += 1

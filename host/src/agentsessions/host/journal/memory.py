@@ -199,7 +199,10 @@ class _MemoryTransaction(MemoryLiveStatements):
 class _MemoryDialect:
     immediate: Final = True
     max_in_flight: Final = 1
-    single_writer: Final = False
+    committed_mark: Final = None  # rows are read in memory anyway
+
+    def change_mark(self) -> int | None:
+        return None
 
     def __init__(self) -> None:
         self.memory = _Memory()

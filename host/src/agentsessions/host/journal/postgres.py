@@ -446,12 +446,15 @@ class _Transaction(PostgresLiveStatements):
 
 class _PostgresDialect:
     immediate: Final = False
-    single_writer: Final = False  # replicas write the same database
+    committed_mark: Final = None  # replicas write the same database at any moment
 
     def __init__(self, pool: Any, url: str, *, flushers: int) -> None:
         self.pool = pool
         self.url = url
         self.max_in_flight = max(1, flushers)
+
+    def change_mark(self) -> int | None:
+        return None
 
     @contextlib.asynccontextmanager
     async def _conn(self, what: str) -> AsyncIterator[Any]:

@@ -14,7 +14,10 @@ The write lock makes several stores (or processes) on one file single-writer saf
 keeps the heads it wrote or read in the engine's head cache, so an append to a session it owns
 reads nothing before writing; SQLite's ``PRAGMA data_version``, read at the start of each
 transaction, says whether any other connection committed since the writer's previous one, and
-only then are heads read from the file again (under the lock).
+only then are heads read from the file again (under the lock). Between transactions the WAL
+index's change counter (``change_mark``: the header of the ``-shm`` file, mapped read-only and
+read without a system call) tells the same about the last commit, so the engine answers a
+session's row from what its writer last committed as long as nobody else committed since.
 
 A fork child does not copy its parent's prefix: its records 1..fork_seq are read through the
 parent (spec 3.1 still holds for what ``read`` returns: identical records, identical hashes), and
@@ -28,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import mmap
 import queue
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -574,11 +579,21 @@ def _transact(
             db.execute(f"PRAGMA busy_timeout = {int(dialect.writer.busy_timeout_ms)}")
     try:
         result = run_without_suspending(body(_Transaction(dialect, db)))
+        before = dialect.change_mark()  # under the write lock: nobody else commits meanwhile
         db.execute("COMMIT")
     except BaseException:
+        dialect.committed_mark = None
         with contextlib.suppress(sqlite3.Error):
             db.execute("ROLLBACK")
         raise
+    # Read again with the lock given up: exactly one more is this commit alone; more is another
+    # connection's commit right after it, and nothing is vouched for. The same means this
+    # transaction wrote nothing, and what was vouched for before still is.
+    after = dialect.change_mark()
+    if before is None or after is None or after not in (before, (before + 1) & 0xFFFFFFFF):
+        dialect.committed_mark = None
+    elif after != before:
+        dialect.committed_mark = after
     return result
 
 
@@ -675,7 +690,6 @@ def _fetch_all(db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[
 class _SqliteDialect:
     immediate: Final = False
     max_in_flight: Final = 1
-    single_writer: Final = True
 
     def __init__(
         self,
@@ -704,6 +718,22 @@ class _SqliteDialect:
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
+        # The WAL index's header, mapped read-only (change_mark), once mapped; False: it cannot be.
+        self._shm: mmap.mmap | bool | None = None
+        self.committed_mark: int | None = None
+
+    def change_mark(self) -> int | None:
+        """The WAL index's change counter: SQLite adds one for every commit, by any connection of
+        any process (https://www.sqlite.org/walformat.html, the WAL-index header's ``iChange``);
+        checkpoints, reads and rollbacks leave it. None when the index cannot be mapped."""
+        shm = self._shm
+        if shm is None:
+            shm = self._shm = _map_wal_index(self.path)
+        if shm is False:
+            return None
+        assert isinstance(shm, mmap.mmap)
+        mark: int = _ICHANGE.unpack_from(shm, _ICHANGE_OFFSET)[0]
+        return mark
 
     async def transaction(self, body: Callable[[_Transaction], Awaitable[_T]]) -> _T:
         writer = self.writer
@@ -825,6 +855,24 @@ class _SqliteDialect:
         for connection in (self.writer, self._reader, *self._pagers, self._records, self._scanner, *here):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
+        shm, self._shm = self._shm, False
+        if isinstance(shm, mmap.mmap):
+            shm.close()
+
+
+# The WAL-index header's change counter: a native-order u32 at byte 8 of the -shm file.
+_ICHANGE: Final = struct.Struct("=I")
+_ICHANGE_OFFSET: Final = 8
+
+
+def _map_wal_index(path: str) -> mmap.mmap | bool:
+    """The first page of the journal's WAL index, mapped read-only; False when there is none to
+    map (no -shm file beside it, or one too short to hold its header)."""
+    try:
+        with open(f"{path}-shm", "rb") as f:
+            return mmap.mmap(f.fileno(), mmap.PAGESIZE, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return False
 
 
 class SqliteStore(DialectStore):
