@@ -18,6 +18,7 @@ from grpc import aio
 from hypothesis import HealthCheck, settings
 
 from agentsessions.host.journal import open_store
+from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from tests.support.processes import HarnessProcess, harness_process, serve_argv
 from tests.support.scripted_endpoint import ScriptedEndpoint, scripted_endpoint
@@ -80,6 +81,16 @@ async def store(journal_path: str) -> AsyncIterator[JournalStore]:
     s = await open_store(journal_path)
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def sqlite_store(journal_path: str) -> AsyncIterator[SqliteStore]:
+    """The same, typed as the SQLite store it is (tests of SQLite's own behaviour)."""
+    s = await SqliteStore.open(journal_path)
+    try:
+        yield s
+    finally:
+        await s.close()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from agentsessions.host.auth.principals import ADMIN, WRITER
 from agentsessions.host.config import ConfigError, HostConfig, add_arguments
 from agentsessions.host.controller.compaction import COMPACTOR, INSTRUCTION, CompactionSettings
 from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
-from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.service.compaction import SessionCompactionServicer
@@ -38,15 +37,6 @@ from tests.support.scripted_endpoint import Reply, ScriptedEndpoint, scripted_en
 
 K = common_pb2.EventKind
 LK = common_pb2.Lifecycle
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ commits, while the WAL index's change counter says nobody else committed since."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,12 +38,8 @@ def turn(execution_id: str, text: str) -> list[common_pb2.Event]:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = await SqliteStore.open(tmp_path / "j.db")
-    try:
-        yield s
-    finally:
-        await s.close()
+def store(sqlite_store: SqliteStore) -> SqliteStore:
+    return sqlite_store
 
 
 async def fresh(store: SqliteStore, uid: str) -> SessionRow | None:

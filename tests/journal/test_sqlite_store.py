@@ -7,7 +7,6 @@ import contextlib
 import sqlite3
 import sys
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,8 @@ async def run_sql(path: Path, *statements: str) -> None:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = await SqliteStore.open(tmp_path / "j.db")
-    try:
-        yield s
-    finally:
-        await s.close()
+def store(sqlite_store: SqliteStore) -> SqliteStore:
+    return sqlite_store
 
 
 # -- file format ------------------------------------------------------------------------------
@@ -724,13 +719,13 @@ async def test_quiet_commits_and_row_lookups_run_on_the_loop_and_busy_ones_on_th
 
 
 async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(
-    store: SqliteStore, tmp_path: Path
+    store: SqliteStore,
 ) -> None:
     dialect = store._dialect
     assert isinstance(dialect, sqlite_store._SqliteDialect)
     store.work_inline_while(lambda: True)
     await store.create_session(SessionRow(uid="s", project="p"))
-    other = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    other = sqlite3.connect(store.path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
         append = asyncio.create_task(store.append("s", [inp("a")], expected_head=0, fence=0))

@@ -4,22 +4,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.host.journal.store import JournalStore
 from tests.live.world import LiveHost, live_host
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[JournalStore]:
-    opened = await SqliteStore.open(tmp_path / "journal.db")
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 @pytest.fixture
