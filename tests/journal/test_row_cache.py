@@ -158,7 +158,7 @@ async def test_a_transaction_that_wrote_nothing_keeps_what_was_vouched(store: Sq
 async def test_without_a_wal_index_rows_are_always_read(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "j.db")
     try:
-        store._sqlite._shm = False  # as when the -shm file cannot be mapped
+        store._sqlite._shm = None  # as when the -shm file cannot be mapped
         await store.create_session(SessionRow(uid="s", project="p"))
         await store.get_session("s")
         await store.append("s", [inp("a")], expected_head=0, fence=0)

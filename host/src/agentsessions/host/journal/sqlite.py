@@ -718,20 +718,27 @@ class _SqliteDialect:
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
-        # The WAL index's header, mapped read-only (change_mark), once mapped; False: it cannot be.
-        self._shm: mmap.mmap | bool | None = None
+        # The WAL index's header, mapped read-only by map_wal_index (None: not mapped).
+        self._shm: mmap.mmap | None = None
         self.committed_mark: int | None = None
+
+    def map_wal_index(self) -> None:
+        """Map the first page of the file's WAL index, read-only; left unmapped where there is
+        none to map (no -shm file beside the journal, or one too short), and then ``change_mark``
+        is None and every row is read from the file."""
+        try:
+            with open(f"{self.path}-shm", "rb") as f:
+                self._shm = mmap.mmap(f.fileno(), mmap.PAGESIZE, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            self._shm = None
 
     def change_mark(self) -> int | None:
         """The WAL index's change counter: SQLite adds one for every commit, by any connection of
         any process (https://www.sqlite.org/walformat.html, the WAL-index header's ``iChange``);
-        checkpoints, reads and rollbacks leave it. None when the index cannot be mapped."""
+        checkpoints, reads and rollbacks leave it. None when the index is not mapped."""
         shm = self._shm
         if shm is None:
-            shm = self._shm = _map_wal_index(self.path)
-        if shm is False:
             return None
-        assert isinstance(shm, mmap.mmap)
         mark: int = _ICHANGE.unpack_from(shm, _ICHANGE_OFFSET)[0]
         return mark
 
@@ -855,24 +862,14 @@ class _SqliteDialect:
         for connection in (self.writer, self._reader, *self._pagers, self._records, self._scanner, *here):
             with contextlib.suppress(sqlite3.Error):
                 await connection.close()
-        shm, self._shm = self._shm, False
-        if isinstance(shm, mmap.mmap):
+        shm, self._shm = self._shm, None
+        if shm is not None:
             shm.close()
 
 
 # The WAL-index header's change counter: a native-order u32 at byte 8 of the -shm file.
 _ICHANGE: Final = struct.Struct("=I")
 _ICHANGE_OFFSET: Final = 8
-
-
-def _map_wal_index(path: str) -> mmap.mmap | bool:
-    """The first page of the journal's WAL index, mapped read-only; False when there is none to
-    map (no -shm file beside it, or one too short to hold its header)."""
-    try:
-        with open(f"{path}-shm", "rb") as f:
-            return mmap.mmap(f.fileno(), mmap.PAGESIZE, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return False
 
 
 class SqliteStore(DialectStore):
@@ -923,6 +920,8 @@ class SqliteStore(DialectStore):
             raise
         reader, *pagers, records, scanner, here = opened[1:]
         dialect = _SqliteDialect(where, writer, reader, pagers, records, scanner, here)
+        # Mapped here, once: the file is in WAL mode and open, so its index exists by now.
+        dialect.map_wal_index()
         return cls(dialect, max_batch=max_batch)
 
     async def schema_version(self) -> int:
