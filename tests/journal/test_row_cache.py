@@ -1,5 +1,6 @@
 """A single-writer store (SQLite) answers a session's row from memory, moved along by its own
-commits, while the WAL index's change counter says nobody else committed since."""
+commits, while the WAL index's change counter says nobody else committed since (two host processes
+on one file: tests/multihost/test_sqlite_file.py)."""
 
 from __future__ import annotations
 
