@@ -4,11 +4,12 @@ on one file: tests/multihost/test_sqlite_file.py)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from agentsessions.host.journal import ConflictError, SessionRow, StoreError
+from agentsessions.host.journal import ConflictError, SessionRow, StoreError, engine
 from agentsessions.host.journal.memory import MemoryStore
 from agentsessions.host.journal.sqlite import SqliteStore
 from agentsessions.v1 import common_pb2
@@ -168,3 +169,40 @@ async def test_without_a_wal_index_rows_are_always_read(tmp_path: Path) -> None:
         assert store.stats.row_hits == store.stats.row_reads == 0
     finally:
         await store.close()
+
+
+async def test_other_sessions_rows_are_answered_between_a_commit_and_the_loop_taking_it(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for uid in ("s", "t"):
+        await store.create_session(SessionRow(uid=uid, project="p"))
+        await store.get_session(uid)  # read, and kept
+    kept_t = await store.get_session("t")
+    seen: dict[str, object] = {}
+    remember = store._remember
+
+    def between(view: engine.HeadView, foreign: bool) -> None:
+        # Committed, and the loop has not taken the commit yet: the mark has moved past the
+        # rows, by this store's commit alone.
+        mark = store._dialect.change_mark()
+        assert mark is not None and mark != store._vouched
+        seen["t"], seen["s"] = store._kept("t", mark), store._kept("s", mark)
+        if "other" in seen:  # another connection commits right after this one
+            other = sqlite3.connect(store.path, isolation_level=None)
+            try:
+                assert other.execute("UPDATE journal_probe SET written_at = written_at + 1").rowcount == 1
+            finally:
+                other.close()
+            seen["t after another commit"] = store._kept("t", store._dialect.change_mark() or 0)
+        remember(view, foreign)
+
+    monkeypatch.setattr(store, "_remember", between)
+    await store.append("s", [inp("a")], expected_head=0, fence=0)
+    assert seen["t"] is kept_t  # not in the batch: still holds
+    assert seen["s"] is None  # in the batch: its kept row is older than the file
+    row = await store.get_session("s")
+    assert row == await fresh(store, "s") and row is not None and row.last_seq == 1
+    seen.clear()
+    seen["other"] = True
+    await store.probe()  # a commit of this store's: the journal probe's row
+    assert seen["t"] is kept_t and seen["t after another commit"] is None

@@ -141,6 +141,9 @@ class DialectStore:
         # answered while the dialect's change mark is still the one of that commit.
         self._rows: dict[str, SessionRow] = {}
         self._vouched: int | None = None
+        # The transaction on its way (set on the writer's thread before its COMMIT): the mark the
+        # rows stand at, the mark its commit will leave, and the sessions whose rows it changes.
+        self._committing: tuple[int, int, frozenset[str]] | None = None
         self._queue: GroupCommit[_Write[Any]] | None = None
         # Unwritable after a write the journal refused for want of storage; writable after any commit.
         self.health = JournalHealth()
@@ -230,7 +233,7 @@ class DialectStore:
     async def _commit_batch(self, batch: list[_Write[Any]]) -> None:
         try:
             outcomes, view, foreign = await self._dialect.transaction(
-                lambda tx: self._apply(tx, batch, self._heads)
+                lambda tx: self._apply_announced(tx, batch)
             )
         except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             # Nobody may hang on a write whose outcome the writer will never learn.
@@ -279,6 +282,7 @@ class DialectStore:
         self._heads.clear()
         self._rows.clear()
         self._vouched = None
+        self._committing = None
 
     def _remember(self, view: HeadView, foreign: bool) -> None:
         cache = self._heads
@@ -291,6 +295,7 @@ class DialectStore:
         while len(cache) > HEAD_CACHE_SIZE:
             del cache[next(iter(cache))]
         self._vouched = self._dialect.committed_mark
+        self._committing = None
         rows = self._rows
         if foreign:
             rows.clear()
@@ -311,6 +316,24 @@ class DialectStore:
             )
         while len(rows) > HEAD_CACHE_SIZE:
             del rows[next(iter(rows))]
+
+    async def _apply_announced(
+        self, tx: Transaction, batch: list[_Write[Any]]
+    ) -> tuple[list[_Outcome], HeadView, bool]:
+        """:meth:`_apply`, then, before the dialect commits it, which sessions' rows it changes:
+        between the commit and the loop taking it (:meth:`_remember`) the other rows kept still
+        hold, and :meth:`_kept` answers them."""
+        applied = await self._apply(tx, batch, self._heads)
+        _, view, foreign = applied
+        base = self._vouched
+        # Read under the write lock: nobody else commits before this transaction does, so its
+        # commit alone moves the mark by one (and nobody has since ``base``, or ``foreign`` says so).
+        mark = self._dialect.change_mark()
+        if foreign or base is None or mark != base:
+            self._committing = None
+        else:
+            self._committing = (base, mark + 1, frozenset(view.changed))
+        return applied
 
     async def _apply(
         self, tx: Transaction, batch: list[_Write[Any]], cache: dict[str, SessionHead]
@@ -356,12 +379,11 @@ class DialectStore:
         mark = self._dialect.change_mark()
         if mark is None:
             return await self._dialect.get_row(uid)
+        kept = self._kept(uid, mark)
+        if kept is not None:
+            self.stats.row_hits += 1
+            return kept
         rows = self._rows
-        if mark == self._vouched:
-            kept = rows.get(uid)
-            if kept is not None:
-                self.stats.row_hits += 1
-                return kept
         self.stats.row_reads += 1
         found = await self._dialect.get_row(uid)
         if found is not None:
@@ -372,6 +394,19 @@ class DialectStore:
                 rows.pop(uid, None)
                 rows[uid] = found
         return found
+
+    def _kept(self, uid: str, mark: int) -> SessionRow | None:
+        """``uid``'s kept row, if the journal's change ``mark`` says it still holds: nobody has
+        committed since this store's last commit, or only this store's commit on its way, which
+        changes other sessions' rows."""
+        if mark != self._vouched:
+            committing = self._committing
+            if committing is None:
+                return None
+            base, after, changed = committing
+            if mark != after or base != self._vouched or uid in changed:
+                return None
+        return self._rows.get(uid)
 
     async def list_sessions(
         self, project: str, page_size: int, page_token: str
