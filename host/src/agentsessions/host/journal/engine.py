@@ -21,7 +21,8 @@ Where the dialect can tell without I/O whether anyone committed since this store
 of sessions it reads, moved along by its own commits, so a turn's admission reads nothing either.
 A kept row is answered only while nobody else has committed since (another process's commit is
 seen at once; this store's next transaction then drops every kept row), and is kept only when it
-shows the head the writer knows.
+shows the head the writer knows. Between this store's own commit and the loop taking it, rows of
+the sessions that commit does not touch still answer (``_apply_announced``, ``_kept``).
 """
 
 from __future__ import annotations
