@@ -327,13 +327,13 @@ class DialectStore:
         applied = await self._apply(tx, batch, self._heads)
         _, view, foreign = applied
         base = self._vouched
-        # Read under the write lock: nobody else commits before this transaction does, so its
-        # commit alone moves the mark by one (and nobody has since ``base``, or ``foreign`` says so).
-        mark = self._dialect.change_mark()
-        if foreign or base is None or mark != base:
+        # Nobody has committed since the commit that left ``base`` (else ``foreign``), and nobody
+        # else commits before this transaction does (it holds the write lock): its commit alone
+        # moves the mark, to ``base + 1``.
+        if foreign or base is None:
             self._committing = None
         else:
-            self._committing = (base, mark + 1, frozenset(view.changed))
+            self._committing = (base, base + 1, frozenset(view.changed))
         return applied
 
     async def _apply(
