@@ -57,6 +57,8 @@ GOAL_FLOOR_RATIO: Final = {"1": 0.50, str(CONCURRENT): 0.70}
 GOAL_ROUND_TRIP_RATIO: Final = 3.0
 GOAL_FLATNESS: Final = 1.2
 GOAL_LANGGRAPH_RATIO: Final = {"1": 2.5, str(CONCURRENT): 3.0}
+# Issue #13 item 4: the echo harness (served by the SDK) within 1.3x the floor harness's CPU a turn.
+GOAL_HARNESS_CPU_RATIO: Final = 1.3
 START_TIMEOUT_S: Final = 60.0
 # A client run may take its measuring window plus this much (startup, warmup, the last turns).
 CLIENT_SLACK_S: Final = 120.0
@@ -468,6 +470,17 @@ def summary(report: Report) -> dict[str, Any]:
             GOAL_FLOOR_RATIO[n],
             True,
         )
+    cpu = report.cpu_ms_per_turn
+    for n in ("1", str(CONCURRENT)):
+        goal(
+            f"echo harness / floor harness CPU per turn, {n} session(s)",
+            _ratio(
+                cpu.get("host", {}).get(n, {}).get("harness"),
+                cpu.get("floor", {}).get(n, {}).get("harness"),
+            ),
+            GOAL_HARNESS_CPU_RATIO,
+            False,
+        )
     rt = report.round_trip_s
     goal(
         "model round trip / bare ping-pong",
@@ -527,12 +540,13 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         lg = report.langgraph
         one, many = lg.get("1"), lg.get(str(CONCURRENT))
         print(f"{'LangGraph + SqliteSaver':<34}{_num(one):>12}{_num(many):>14}", file=out)
-    print(f"\nCPU ms per turn, {CONCURRENT} sessions (host / harness / client)", file=out)
-    for label, key in rows:
-        cpu = report.cpu_ms_per_turn.get(key, {}).get(str(CONCURRENT))
-        if cpu:
-            parts = " / ".join(_num(cpu.get(p), "{:.2f}") for p in ("host", "harness", "client"))
-            print(f"  {label:<36}{parts}", file=out)
+    for n in ("1", str(CONCURRENT)):
+        print(f"\nCPU ms per turn, {n} session(s) (host / harness / client)", file=out)
+        for label, key in rows:
+            cpu = report.cpu_ms_per_turn.get(key, {}).get(n)
+            if cpu:
+                parts = " / ".join(_num(cpu.get(p), "{:.2f}") for p in ("host", "harness", "client"))
+                print(f"  {label:<36}{parts}", file=out)
     rt = report.round_trip_s
     print("\nmodel round trip (median)", file=out)
     for key, label in (
@@ -556,7 +570,7 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         verdict = {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
         sign = ">=" if g["at_least"] else "<="
         value = "-" if g["value"] is None else f"{g['value']:.2f}"
-        print(f"  {g['goal']:<40}{value:>8}  (goal {sign} {g['target']:g})  {verdict}", file=out)
+        print(f"  {g['goal']:<58}{value:>8}  (goal {sign} {g['target']:g})  {verdict}", file=out)
 
 
 def _num(value: float | None, fmt: str = "{:.1f}") -> str:
