@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from agentsessions.host import logs, requestid
+from agentsessions.host import eventloop, logs, requestid
 from agentsessions.host.interception import around_handler
 
 log = logging.getLogger("agentsessions.host.rpc")
@@ -31,6 +31,8 @@ class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
+        # The call is accepted: from here its work queues with everyone's (eventloop.py).
+        eventloop.ACCEPTING.set(False)
         method: str = handler_call_details.method
         request_id = requestid.from_metadata(handler_call_details.invocation_metadata)
         handler = await continuation(handler_call_details)

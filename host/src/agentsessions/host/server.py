@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from agentsessions.host import config as host_config
-from agentsessions.host import health, logs
+from agentsessions.host import eventloop, health, logs
 from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.addresses import is_loopback
 from agentsessions.host.app import App, Service, StartupError, build_app
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     collect_garbage_for_serving()
     try:
-        return asyncio.run(serve(config))
+        return serve_on_host_loop(config)
     except StartupError as exc:
         log.error("startup failed", extra=logs.fields(error=str(exc)))
         return 1
@@ -103,6 +103,13 @@ def collect_garbage_for_serving() -> None:
     gc.freeze()
     oldest = gc.get_threshold()[2]
     gc.set_threshold(GC_YOUNG_THRESHOLD, GC_MIDDLE_THRESHOLD, oldest)
+
+
+def serve_on_host_loop(config: HostConfig) -> int:
+    """``serve(config)`` on the host's event loop, where the accepting of calls goes ahead of the
+    running turns (eventloop.py)."""
+    with asyncio.Runner(loop_factory=eventloop.new_loop) as runner:
+        return runner.run(serve(config))
 
 
 async def serve(
@@ -276,7 +283,13 @@ class _Listener:
             raise StartupError(f"cannot listen on {self.address}: {exc}") from None
         if self.address.endswith(":0"):
             self.bound = f"{self.address[:-2]}:{port}"
-        await self.server.start()
+        # grpc's serving task, and every call's tasks after it, inherit ACCEPTING from here: a
+        # call's accept path goes first until the access-log interceptor clears it (eventloop.py).
+        accepting = eventloop.ACCEPTING.set(True)
+        try:
+            await self.server.start()
+        finally:
+            eventloop.ACCEPTING.reset(accepting)
         await self.health.serving()
 
     async def stop(self, grace: float | None) -> None:
