@@ -11,7 +11,7 @@ import asyncio
 import contextvars
 import socket
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import grpc
 import pytest
@@ -23,6 +23,8 @@ from agentsessions.host.app import Service
 from agentsessions.host.config import HostConfig
 from agentsessions.host.eventloop import ACCEPTING, DRAIN_BATCH, AcceptFirstLoop
 from agentsessions.host.server import _Listener
+
+_Ts = TypeVarTuple("_Ts")
 
 
 def accepting_context() -> contextvars.Context:
@@ -212,7 +214,10 @@ class _CountingLoop(AcceptFirstLoop):
         self.accepting = 0
 
     def call_soon(
-        self, callback: Any, *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         if ACCEPTING.get() if context is None else context.get(ACCEPTING, False):
             self.accepting += 1
@@ -241,9 +246,8 @@ def test_the_listener_marks_the_accept_path_and_the_access_log_clears_it_for_the
             request_deserializer=health_pb2.HealthCheckRequest.FromString,
             response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
         )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("probe.Probe", {"Check": handler}),)
-        )
+        probe_service = grpc.method_handlers_generic_handler("probe.Probe", {"Check": handler})
+        grpc_server.add_generic_rpc_handlers((probe_service,))
 
     async def main(loop: _CountingLoop) -> tuple[int, int]:
         listener = _Listener("127.0.0.1:0", [Service("probe.Probe", add)], [])
