@@ -16,7 +16,7 @@ from typing import Any, TypeVarTuple
 import grpc
 import pytest
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from agentsessions.host import server
 from agentsessions.host.app import Service
@@ -224,7 +224,7 @@ class _CountingLoop(AcceptFirstLoop):
         return super().call_soon(callback, *args, context=context)
 
 
-class _ProbeHealth(health_pb2_grpc.HealthServicer):
+class _ProbeHealth:
     """Health Check on its own service name, noting whether the call's handler was still accepting."""
 
     def __init__(self) -> None:
