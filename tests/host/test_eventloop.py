@@ -1,5 +1,5 @@
-"""The host's event loop (agentsessions.host.eventloop): I/O callbacks and the accepting of calls run
-ahead of the callbacks already waiting, in order, without starving them; and the host's listener
+"""The host's event loop (agentsessions.host.eventloop): the accepting of calls runs ahead of the
+callbacks already waiting, in order, without starving them; and the host's listener
 marks grpc's accept path while its access-log interceptor clears the mark for the call's own work.
 
 Each loop runs in this test's own thread through asyncio.Runner, as ``agentsessions serve`` runs it.
@@ -109,7 +109,7 @@ def test_a_task_started_while_accepting_takes_every_step_first(loop: AcceptFirst
     assert order[3:] == [f"n{n}" for n in range(5)]
 
 
-def test_io_callbacks_go_ahead_of_the_waiting_ones(loop: AcceptFirstLoop) -> None:
+def test_io_callbacks_keep_their_place(loop: AcceptFirstLoop) -> None:
     order: list[str] = []
     reader, writer = socket.socketpair()
     try:
@@ -134,9 +134,9 @@ def test_io_callbacks_go_ahead_of_the_waiting_ones(loop: AcceptFirstLoop) -> Non
             loop.call_soon(chain, 0)
 
         run_queued(loop, queue)
-        # The reader, found ready as the first pass starts, runs before n0, queued before it
-        # (asyncio's own loop runs n0 first).
-        assert order == ["io", "n0", "n1", "n2"]
+        # As on asyncio's own loop: the reader, found ready as the first pass starts, runs after
+        # n0, queued before it.
+        assert order == ["n0", "io", "n1", "n2"]
     finally:
         reader.close()
         writer.close()
