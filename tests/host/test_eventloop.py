@@ -203,9 +203,13 @@ def test_a_cancelled_or_failing_accepting_callback_leaves_the_rest_running(loop:
 
 def test_closing_drops_what_was_queued_to_go_first() -> None:
     loop = AcceptFirstLoop()
-    loop.call_soon(print, "never", context=accepting_context())
+    ran: list[str] = []
+    loop.call_soon(ran.append, "never", context=accepting_context())
+    assert len(loop._first) == 1
     loop.close()
     assert loop.is_closed()
+    assert len(loop._first) == 0 and not loop._draining
+    assert ran == []
 
 
 class _CountingLoop(AcceptFirstLoop):
