@@ -6,6 +6,7 @@ a v1 harness always does. Inputs of a few KB make the histories pass the thresho
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from agentsessions.host import harnesslink
 from agentsessions.host.harnesslink import HISTORY_BY_REFERENCE_MIN_BYTES
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk import EventSink, Start
+from agentsessions.sdk.extensions import HISTORY_HELD
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.sdk.servicer import HarnessServicer, add_to_server
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc, session_pb2
@@ -199,3 +202,156 @@ async def test_a_v1_harness_always_gets_the_whole_history(store: JournalStore, t
         for execution_id in executions:
             assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
     assert [events for _, events, _ in frames.frames] == [len(harness.histories[e]) for e in executions]
+
+
+class _AnswersUpFront:
+    """A Connect context as earlier versions of the SDK answered with: ``agentsessions-history-held``
+    in the initial metadata, sent before the first event, instead of with the status."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self._held: Any = None
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        if any(key == HISTORY_HELD and value for key, value in metadata):
+            self._held = metadata
+        else:
+            self._context.set_trailing_metadata(metadata)
+
+    async def write(self, message: Any) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await self._context.send_initial_metadata(held)
+        await self._context.write(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+async def test_a_harness_answering_in_its_initial_metadata_is_still_understood(
+    store: JournalStore, tmp_path: Path
+) -> None:
+    address = f"unix:{tmp_path}/h.sock"
+    harness = HistoryHarness()
+    servicer = HarnessServicer(harness)
+    answered_up_front: list[str] = []
+
+    async def connect(requests: Any, context: Any) -> None:
+        proxy = _AnswersUpFront(context)
+        await servicer.Connect(requests, proxy)
+        answered_up_front.append("held" if proxy._held is None else "")
+
+    frames = StartFrames()
+    server = aio.server(interceptors=[frames])
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "agentsessions.v1.Harness",
+                {
+                    "Describe": grpc.unary_unary_rpc_method_handler(
+                        servicer.Describe,
+                        request_deserializer=harness_pb2.DescribeRequest.FromString,
+                        response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
+                    ),
+                    "Connect": grpc.stream_stream_rpc_method_handler(
+                        connect,
+                        request_deserializer=bytes,
+                        response_serializer=common_pb2.Event.SerializeToString,
+                    ),
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with running_host(store, remote={"history": address}) as host:
+            uid = await new_session(host)
+            executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(16)]
+            for execution_id in executions:
+                assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
+    finally:
+        await server.stop(None)
+    sent = {execution_id: events for execution_id, events, _ in frames.frames}
+    assert len(frames.frames) == 16
+    assert answered_up_front.count("held") >= 12  # the answers went in the initial metadata
+    turn_records = len(harness.histories[executions[1]])
+    for execution_id in executions[11:]:
+        assert sent[execution_id] == turn_records  # by reference: the initial metadata was read
+
+
+async def test_a_harness_that_leaves_its_side_open_after_end_is_cut_and_gets_the_whole_history(
+    store: JournalStore, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The answer comes with the stream's status, so the host lets a stream end by itself after
+    END; one the harness leaves open is cut after END_STATUS_GRACE_S, and the turn never waits."""
+    monkeypatch.setattr(harnesslink, "END_STATUS_GRACE_S", 0.05)
+    address = f"unix:{tmp_path}/h.sock"
+    cut = asyncio.Event()
+    histories: list[int] = []
+
+    async def describe(request: Any, context: Any) -> harness_pb2.HarnessDescriptor:
+        return await HistoryHarness().describe()
+
+    async def connect(requests: Any, context: Any) -> None:
+        start = harness_pb2.ControllerFrame.FromString(await context.read())
+        histories.append(len(start.start.history))
+        execution_id = start.execution_id
+        prompt = text_message("user", message_text(start.start.inputs[-1]))
+        await context.write(
+            common_pb2.Event(
+                execution_id=execution_id,
+                kind=common_pb2.EVENT_MODEL_CALL,
+                model=common_pb2.ModelCall(model="echo", id="m1", messages=[prompt]),
+            )
+        )
+        await context.read()  # the ModelResult
+        # Says it holds the history (as the SDK does), ends the execution, and then stays open.
+        context.set_trailing_metadata(((HISTORY_HELD, execution_id),))
+        await context.write(
+            common_pb2.Event(
+                execution_id=execution_id,
+                kind=common_pb2.EVENT_END,
+                end=common_pb2.HarnessEnd(state="COMPLETED"),
+            )
+        )
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cut.set()
+            raise
+
+    server = aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "agentsessions.v1.Harness",
+                {
+                    "Describe": grpc.unary_unary_rpc_method_handler(
+                        describe,
+                        request_deserializer=harness_pb2.DescribeRequest.FromString,
+                        response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
+                    ),
+                    "Connect": grpc.stream_stream_rpc_method_handler(
+                        connect,
+                        request_deserializer=bytes,
+                        response_serializer=common_pb2.Event.SerializeToString,
+                    ),
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with running_host(store, remote={"history": address}) as host:
+            uid = await new_session(host)
+            for i in range(8):
+                await turn(host, uid, f"{TEXT} {i}")
+                await asyncio.wait_for(cut.wait(), 30)  # each stream left open is cut
+                cut.clear()
+    finally:
+        await server.stop(None)
+    # Never answered with a status, so never sent by reference: every Start has the whole history.
+    assert histories == [i * histories[1] for i in range(8)]
+    assert histories[1] > 0

@@ -22,9 +22,11 @@ Beyond v1 (``agentsessions.sdk.extensions``, announced in the Connect metadata):
 its mode and how many effects are recorded, and then answers an IN_HARNESS_REPORTED tool call
 with the recorded result (the sink's ``recorded_report``); an APPROVAL_REQUEST event just
 before a REQUIRES_APPROVAL call gives the sink the harness's reason for it; and a harness that
-says it holds a session's history (``agentsessions-history-held``) gets the session's next Start
-with only the events after that history (``agentsessions-history-base``), or, when it no longer
-holds it, the whole history on a second stream.
+says it holds a session's history (``agentsessions-history-held``, with the stream's status) gets
+the session's next Start with only the events after that history (``agentsessions-history-base``),
+or, when it no longer holds it, the whole history on a second stream. So after END the host lets
+the harness end its side of the stream by itself (cut after ``END_STATUS_GRACE_S`` if it does not)
+and reads the answer when it sends the next Start.
 """
 
 from __future__ import annotations
@@ -99,10 +101,14 @@ _START_TAG = bytes([harness_pb2.ControllerFrame.DESCRIPTOR.fields_by_name["start
 _HISTORY_TAG = bytes([harness_pb2.Start.DESCRIPTOR.fields_by_name["history"].number << 3 | 2])
 # Sessions whose encoded history a link keeps (least recently used dropped first).
 HISTORY_CACHE_SESSIONS = 256
-# A history shorter than this goes whole (asking the harness to hold it costs it a metadata send).
+# A history shorter than this goes whole (not worth a copy kept in the harness process).
 HISTORY_BY_REFERENCE_MIN_BYTES = 32 * 1024
 # How long a descriptor serves admissions on one connection (0: Describe at every admission).
 DESCRIBE_MAX_AGE_S = 5.0
+# How long a harness's side of a Connect stream may stay open after its END (or its park's
+# acknowledgement) before the host cuts it: the status that carries its history answer follows
+# the END at once from any harness that ends its side, as the protocol asks.
+END_STATUS_GRACE_S = 1.0
 _READY = grpc.ChannelConnectivity.READY
 
 
@@ -367,6 +373,9 @@ class _Bridge:
         self._write_lock = asyncio.Lock()
         self._cancel_reason: str | None = None
         self._session_mode = ""
+        # The stream ended as the protocol says (END, EOF or a park's closure): the harness ends
+        # its side by itself, and its status may carry its history answer (see _PendingAnswer).
+        self._ended = False
 
     async def run(self) -> None:
         outer = asyncio.current_task()
@@ -383,8 +392,13 @@ class _Bridge:
                 raise ExecutionCancelledError(self._cancelled_message("")) from exc
             raise
         finally:
-            if self._call is not None and not self._call.done():
-                self._call.cancel()
+            call = self._call
+            if call is not None and not call.done():
+                if self._ended:
+                    # Its status follows the END by itself; cut it only if it lingers.
+                    asyncio.get_running_loop().call_later(END_STATUS_GRACE_S, call.cancel)
+                else:
+                    call.cancel()
 
     async def cancel(self, reason: str, grace: float) -> None:
         if self._cancel_reason is None:
@@ -432,6 +446,8 @@ class _Bridge:
             body.identity.CopyFrom(start.identity)
         envelope = harness_pb2.ControllerFrame(session=start.session, execution_id=start.execution_id)
         history = link._history.update(start.session, start.history)
+        if history.pending is not None:
+            await history.take_answer()
         connection = link.connection()
         # History by reference (agentsessions.sdk.extensions) to a harness that said it holds some.
         base = history.base_on(connection) if link._history_by_reference else None
@@ -441,14 +457,23 @@ class _Bridge:
             base = history.base_on(connection)  # the whole history this time
             event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
         assert not isinstance(event, _Marker)
-        if link._history_by_reference and self._call is not None and connection is not None:
-            history.held_after(await self._call.initial_metadata(), start.execution_id, connection)
-        while True:
-            if event is None:
-                return  # EOF without END: completed, as the reference host treats it
-            if await self._handle(event):
-                return
-            event = await self._receive(link._event_timeout, "event")
+        history.held = None
+        if base is not None and self._call is not None:
+            # The harness answers with the stream's status: taken at the session's next Start.
+            sent = len(history.ends)
+            history.pending = _PendingAnswer(self._call, start.execution_id, sent, base.connection)
+        try:
+            while True:
+                if event is None:
+                    self._ended = True
+                    return  # EOF without END: completed, as the reference host treats it
+                if await self._handle(event):
+                    self._ended = True
+                    return
+                event = await self._receive(link._event_timeout, "event")
+        except ApprovalParkedError:
+            self._ended = True  # the harness acknowledged and closed its side
+            raise
 
     async def _open(
         self, mode: str, recorded: int, base: HeldBase | None, start_frame: bytes
@@ -683,6 +708,24 @@ class _Marker:
 _BASE_NOT_HELD = _Marker()
 
 
+@dataclass(frozen=True, slots=True)
+class _PendingAnswer:
+    """A Connect stream whose Start asked the harness to hold the session's history
+    (``agentsessions-history-base``), and what it sent: ``count`` events with the Start ``token``
+    on connection ``connection``.
+
+    A harness served by this SDK answers ``agentsessions-history-held`` in the stream's trailing
+    metadata (the status, which follows its last event), earlier ones in its initial metadata. The
+    answer is read at the session's next Start, when the stream has long ended: nothing waits for
+    it on the turn's own path.
+    """
+
+    call: grpc.aio.StreamStreamCall
+    token: str
+    count: int
+    connection: int
+
+
 @dataclass(frozen=True)
 class HeldBase:
     """What the harness said it holds of a session's history: the events sent with the Start
@@ -697,7 +740,7 @@ class _History:
     """One session's Start.history on the wire: each event encoded once, as a repeated
     ``Start.history`` field, and the end offset of each in ``encoded``."""
 
-    __slots__ = ("encoded", "ends", "first", "held", "last", "offset", "source")
+    __slots__ = ("encoded", "ends", "first", "held", "last", "offset", "pending", "source")
 
     def __init__(self) -> None:
         self.encoded = bytearray()
@@ -709,6 +752,7 @@ class _History:
         self.last: common_pb2.Event | None = None
         self.first: common_pb2.Event | None = None
         self.held: HeldBase | None = None
+        self.pending: _PendingAnswer | None = None
 
     def extends(self, history: Sequence[common_pb2.Event]) -> bool:
         # The controller hands over a prefix of the journal cache's log, which only ever grows
@@ -760,12 +804,22 @@ class _History:
         start = 0 if base is None or base.count == 0 else self.ends[base.count - 1]
         return memoryview(self.encoded)[start:]
 
-    def held_after(self, metadata: Any, token: str, connection: int) -> None:
-        """Take the harness's ``agentsessions-history-held`` answer to the Start ``token``."""
+    async def take_answer(self) -> None:
+        """Take the harness's ``agentsessions-history-held`` answer to the last Start (``pending``):
+        from the stream's status, or its initial metadata (harnesses of earlier SDKs). A stream
+        still open (a harness that does not end its side) is cut, and the history goes whole."""
+        pending, self.pending = self.pending, None
+        assert pending is not None
+        call = pending.call
         self.held = None
-        for key, value in metadata or ():
-            if key == HISTORY_HELD and value == token:
-                self.held = HeldBase(len(self.ends), token, connection)
+        if not call.done():
+            call.cancel()
+            return
+        for metadata in (await call.trailing_metadata(), await call.initial_metadata()):
+            for key, value in metadata or ():
+                if key == HISTORY_HELD and value == pending.token:
+                    self.held = HeldBase(pending.count, pending.token, pending.connection)
+                    return
 
 
 class _HistoryEncoder:

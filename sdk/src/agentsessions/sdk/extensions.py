@@ -35,8 +35,13 @@ from this host.
     History by reference. ``Start.history`` holds every earlier event of the session, so a long
     session's Start frames grow by about five events a turn (3.5 MB at turn 10,000). A harness
     process served by this SDK keeps the history of the sessions it served, and says so: its
-    Connect response's initial metadata carries ``agentsessions-history-held: TOKEN`` (the Start's
-    execution id) when it now holds that Start's whole history. The host then sends the next Start
+    Connect stream's trailing metadata (the status, which follows its last event) carries
+    ``agentsessions-history-held: TOKEN`` (the Start's execution id) when it now holds that Start's
+    whole history. (Earlier versions of the SDK said it in the initial metadata, a write of its
+    own ahead of the first event; the host reads either.) The host reads the answer when it sends
+    the session's next Start, so a harness must end its side of the stream after its END (or its
+    PARKED acknowledgement), as v1 asks; one left open is cut after a grace and gets the whole
+    history again. The host then sends the next Start
     of the session with ``agentsessions-history-base: TOKEN`` and only the events after the ones
     it sent with that Start; the harness puts the held events in front. A harness that does not
     hold ``TOKEN`` (it restarted, evicted the session, or is another process behind the address)

@@ -134,7 +134,8 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
             if held is not None:
                 start = dataclasses.replace(start, history=LazyHistory(held=held))
             if kept:
-                await context.send_initial_metadata(((HISTORY_HELD, start.execution_id),))
+                # Said with the stream's status: no write of its own ahead of the first event.
+                context.set_trailing_metadata(((HISTORY_HELD, start.execution_id),))
         writer = _Writer(context)
         sink = StreamSink(
             start.session,
