@@ -80,22 +80,44 @@ class StartFrames(aio.ServerInterceptor):  # type: ignore[misc]
 
 
 @contextlib.asynccontextmanager
-async def harness_server(
-    address: str, harness: HistoryHarness, *, v1: bool = False, **options: Any
-) -> AsyncIterator[StartFrames]:
+async def serving(address: str, register: Callable[[aio.Server], None]) -> AsyncIterator[StartFrames]:
+    """A harness process at ``address``, its services added by ``register``; its Start frames."""
     frames = StartFrames()
     server = aio.server(interceptors=[frames])
-    servicer = HarnessServicer(harness, **options)
-    if v1:  # frames parsed whole, as a generated servicer registration does
-        harness_pb2_grpc.add_HarnessServicer_to_server(servicer, server)
-    else:
-        add_to_server(servicer, server)
+    register(server)
     server.add_insecure_port(address)
     await server.start()
     try:
         yield frames
     finally:
         await server.stop(None)
+
+
+def harness_server(
+    address: str, harness: HistoryHarness, *, v1: bool = False, **options: Any
+) -> contextlib.AbstractAsyncContextManager[StartFrames]:
+    servicer = HarnessServicer(harness, **options)
+    # v1: frames parsed whole, as a generated servicer registration does
+    register = harness_pb2_grpc.add_HarnessServicer_to_server if v1 else add_to_server
+    return serving(address, lambda server: register(servicer, server))
+
+
+def connect_server(
+    address: str, describe: Any, connect: Any
+) -> contextlib.AbstractAsyncContextManager[StartFrames]:
+    """A harness process whose Connect handler is ``connect(requests, context)`` itself."""
+    handlers = {
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            describe,
+            request_deserializer=harness_pb2.DescribeRequest.FromString,
+            response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
+        ),
+        "Connect": grpc.stream_stream_rpc_method_handler(
+            connect, request_deserializer=bytes, response_serializer=common_pb2.Event.SerializeToString
+        ),
+    }
+    generic = grpc.method_handlers_generic_handler("agentsessions.v1.Harness", handlers)
+    return serving(address, lambda server: server.add_generic_rpc_handlers((generic,)))
 
 
 async def turn(host: HostUnderTest, uid: str, text: str) -> str:
@@ -241,37 +263,14 @@ async def test_a_harness_answering_in_its_initial_metadata_is_still_understood(
         await servicer.Connect(requests, proxy)
         answered_up_front.append("held" if proxy._held is None else "")
 
-    frames = StartFrames()
-    server = aio.server(interceptors=[frames])
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "agentsessions.v1.Harness",
-                {
-                    "Describe": grpc.unary_unary_rpc_method_handler(
-                        servicer.Describe,
-                        request_deserializer=harness_pb2.DescribeRequest.FromString,
-                        response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
-                    ),
-                    "Connect": grpc.stream_stream_rpc_method_handler(
-                        connect,
-                        request_deserializer=bytes,
-                        response_serializer=common_pb2.Event.SerializeToString,
-                    ),
-                },
-            ),
-        )
-    )
-    server.add_insecure_port(address)
-    await server.start()
-    try:
-        async with running_host(store, remote={"history": address}) as host:
-            uid = await new_session(host)
-            executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(16)]
-            for execution_id in executions:
-                assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
-    finally:
-        await server.stop(None)
+    async with (
+        connect_server(address, servicer.Describe, connect) as frames,
+        running_host(store, remote={"history": address}) as host,
+    ):
+        uid = await new_session(host)
+        executions = [await turn(host, uid, f"{TEXT} {i}") for i in range(16)]
+        for execution_id in executions:
+            assert harness.histories[execution_id] == await journal_before(store, uid, execution_id)
     sent = {execution_id: events for execution_id, events, _ in frames.frames}
     assert len(frames.frames) == 16
     assert answered_up_front.count("held") >= 12  # the answers went in the initial metadata
@@ -289,9 +288,6 @@ async def test_a_harness_that_leaves_its_side_open_after_end_is_cut_and_gets_the
     address = f"unix:{tmp_path}/h.sock"
     cut = asyncio.Event()
     histories: list[int] = []
-
-    async def describe(request: Any, context: Any) -> harness_pb2.HarnessDescriptor:
-        return await HistoryHarness().describe()
 
     async def connect(requests: Any, context: Any) -> None:
         start = harness_pb2.ControllerFrame.FromString(await context.read())
@@ -321,37 +317,15 @@ async def test_a_harness_that_leaves_its_side_open_after_end_is_cut_and_gets_the
             cut.set()
             raise
 
-    server = aio.server()
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "agentsessions.v1.Harness",
-                {
-                    "Describe": grpc.unary_unary_rpc_method_handler(
-                        describe,
-                        request_deserializer=harness_pb2.DescribeRequest.FromString,
-                        response_serializer=harness_pb2.HarnessDescriptor.SerializeToString,
-                    ),
-                    "Connect": grpc.stream_stream_rpc_method_handler(
-                        connect,
-                        request_deserializer=bytes,
-                        response_serializer=common_pb2.Event.SerializeToString,
-                    ),
-                },
-            ),
-        )
-    )
-    server.add_insecure_port(address)
-    await server.start()
-    try:
-        async with running_host(store, remote={"history": address}) as host:
-            uid = await new_session(host)
-            for i in range(8):
-                await turn(host, uid, f"{TEXT} {i}")
-                await asyncio.wait_for(cut.wait(), 30)  # each stream left open is cut
-                cut.clear()
-    finally:
-        await server.stop(None)
+    async with (
+        connect_server(address, HarnessServicer(HistoryHarness()).Describe, connect),
+        running_host(store, remote={"history": address}) as host,
+    ):
+        uid = await new_session(host)
+        for i in range(8):
+            await turn(host, uid, f"{TEXT} {i}")
+            await asyncio.wait_for(cut.wait(), 30)  # each stream left open is cut
+            cut.clear()
     # Never answered with a status, so never sent by reference: every Start has the whole history.
     assert histories == [i * histories[1] for i in range(8)]
     assert histories[1] > 0
