@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc import aio
 
 from agentsessions.host import harnesslink
@@ -279,17 +280,21 @@ async def test_a_harness_answering_in_its_initial_metadata_is_still_understood(
         assert sent[execution_id] == turn_records  # by reference: the initial metadata was read
 
 
+@pytest.mark.parametrize("cut_by", ["the grace", "the next Start"])
 async def test_a_harness_that_leaves_its_side_open_after_end_is_cut_and_gets_the_whole_history(
-    store: JournalStore, tmp_path: Path, monkeypatch: Any
+    store: JournalStore, tmp_path: Path, monkeypatch: Any, cut_by: str
 ) -> None:
     """The answer comes with the stream's status, so the host lets a stream end by itself after
-    END; one the harness leaves open is cut after END_STATUS_GRACE_S, and the turn never waits."""
-    monkeypatch.setattr(harnesslink, "END_STATUS_GRACE_S", 0.05)
+    END; one the harness leaves open is cut after END_STATUS_GRACE_S, or when the session's next
+    Start comes first, and the turn never waits for it."""
+    monkeypatch.setattr(harnesslink, "END_STATUS_GRACE_S", 0.05 if cut_by == "the grace" else 3600.0)
     address = f"unix:{tmp_path}/h.sock"
-    cut = asyncio.Event()
+    cuts: list[asyncio.Event] = []
     histories: list[int] = []
 
     async def connect(requests: Any, context: Any) -> None:
+        cut = asyncio.Event()
+        cuts.append(cut)
         start = harness_pb2.ControllerFrame.FromString(await context.read())
         histories.append(len(start.start.history))
         execution_id = start.execution_id
@@ -324,8 +329,12 @@ async def test_a_harness_that_leaves_its_side_open_after_end_is_cut_and_gets_the
         uid = await new_session(host)
         for i in range(8):
             await turn(host, uid, f"{TEXT} {i}")
-            await asyncio.wait_for(cut.wait(), 30)  # each stream left open is cut
-            cut.clear()
+            # Each stream left open is cut: by the grace, or else by the session's next Start.
+            left_open = cuts[i] if cut_by == "the grace" else cuts[i - 1] if i else None
+            if left_open is not None:
+                await asyncio.wait_for(left_open.wait(), 30)
+        if cut_by == "the next Start":
+            assert not cuts[-1].is_set()  # nothing came after the last turn's stream
     # Never answered with a status, so never sent by reference: every Start has the whole history.
     assert histories == [i * histories[1] for i in range(8)]
     assert histories[1] > 0

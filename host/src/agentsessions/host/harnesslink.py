@@ -458,10 +458,11 @@ class _Bridge:
             event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
         assert not isinstance(event, _Marker)
         history.held = None
-        if base is not None and self._call is not None:
-            # The harness answers with the stream's status: taken at the session's next Start.
-            sent = len(history.ends)
-            history.pending = _PendingAnswer(self._call, start.execution_id, sent, base.connection)
+        if self._call is not None:
+            # A harness asked to hold the history answers with the stream's status: taken at the
+            # session's next Start, which also cuts the stream if the harness left it open.
+            token, sent = (start.execution_id, len(history.ends)) if base is not None else ("", 0)
+            history.pending = _PendingAnswer(self._call, token, sent, 0 if base is None else base.connection)
         try:
             while True:
                 if event is None:
@@ -710,9 +711,9 @@ _BASE_NOT_HELD = _Marker()
 
 @dataclass(frozen=True, slots=True)
 class _PendingAnswer:
-    """A Connect stream whose Start asked the harness to hold the session's history
-    (``agentsessions-history-base``), and what it sent: ``count`` events with the Start ``token``
-    on connection ``connection``.
+    """A session's last Connect stream and, when its Start asked the harness to hold the
+    session's history (``agentsessions-history-base``), what it sent: ``count`` events with the
+    Start ``token`` on connection ``connection`` (``token`` "": no answer is expected).
 
     A harness served by this SDK answers ``agentsessions-history-held`` in the stream's trailing
     metadata (the status, which follows its last event), earlier ones in its initial metadata. The
@@ -814,6 +815,8 @@ class _History:
         self.held = None
         if not call.done():
             call.cancel()
+            return
+        if not pending.token:
             return
         for metadata in (await call.trailing_metadata(), await call.initial_metadata()):
             for key, value in metadata or ():
