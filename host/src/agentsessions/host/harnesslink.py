@@ -461,20 +461,16 @@ class _Bridge:
         if self._call is not None:
             # A harness asked to hold the history answers with the stream's status: taken at the
             # session's next Start, which also cuts the stream if the harness left it open.
-            token, sent = (start.execution_id, len(history.ends)) if base is not None else ("", 0)
-            history.pending = _PendingAnswer(self._call, token, sent, 0 if base is None else base.connection)
+            offer = None if base is None else HeldBase(len(history.ends), start.execution_id, base.connection)
+            history.pending = _PendingAnswer(self._call, offer)
         try:
-            while True:
-                if event is None:
-                    self._ended = True
-                    return  # EOF without END: completed, as the reference host treats it
-                if await self._handle(event):
-                    self._ended = True
-                    return
+            # Until END, or EOF without END: completed, as the reference host treats it.
+            while event is not None and not await self._handle(event):
                 event = await self._receive(link._event_timeout, "event")
         except ApprovalParkedError:
             self._ended = True  # the harness acknowledged and closed its side
             raise
+        self._ended = True
 
     async def _open(
         self, mode: str, recorded: int, base: HeldBase | None, start_frame: bytes
@@ -709,24 +705,6 @@ class _Marker:
 _BASE_NOT_HELD = _Marker()
 
 
-@dataclass(frozen=True, slots=True)
-class _PendingAnswer:
-    """A session's last Connect stream and, when its Start asked the harness to hold the
-    session's history (``agentsessions-history-base``), what it sent: ``count`` events with the
-    Start ``token`` on connection ``connection`` (``token`` "": no answer is expected).
-
-    A harness served by this SDK answers ``agentsessions-history-held`` in the stream's trailing
-    metadata (the status, which follows its last event), earlier ones in its initial metadata. The
-    answer is read at the session's next Start, when the stream has long ended: nothing waits for
-    it on the turn's own path.
-    """
-
-    call: grpc.aio.StreamStreamCall
-    token: str
-    count: int
-    connection: int
-
-
 @dataclass(frozen=True)
 class HeldBase:
     """What the harness said it holds of a session's history: the events sent with the Start
@@ -735,6 +713,22 @@ class HeldBase:
     count: int
     token: str
     connection: int
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingAnswer:
+    """A session's last Connect stream and, when its Start asked the harness to hold the
+    session's history (``agentsessions-history-base``), what the harness holds if it answers
+    ``held`` (``offer``: the events sent with that Start; None: no answer is expected).
+
+    A harness served by this SDK answers ``agentsessions-history-held`` in the stream's trailing
+    metadata (the status, which follows its last event), earlier ones in its initial metadata. The
+    answer is read at the session's next Start, when the stream has long ended: nothing waits for
+    it on the turn's own path.
+    """
+
+    call: grpc.aio.StreamStreamCall
+    offer: HeldBase | None
 
 
 class _History:
@@ -816,12 +810,13 @@ class _History:
         if not call.done():
             call.cancel()
             return
-        if not pending.token:
+        offer = pending.offer
+        if offer is None:
             return
         for metadata in (await call.trailing_metadata(), await call.initial_metadata()):
             for key, value in metadata or ():
-                if key == HISTORY_HELD and value == pending.token:
-                    self.held = HeldBase(pending.count, pending.token, pending.connection)
+                if key == HISTORY_HELD and value == offer.token:
+                    self.held = offer
                     return
 
 
