@@ -9,11 +9,10 @@ no service serves are answered UNIMPLEMENTED here, so they get a request id and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -38,19 +37,29 @@ class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             handler = grpc.stream_stream_rpc_method_handler(_unimplemented(method))
-        return around_handler(handler, functools.partial(_logged, method, request_id))
+        return around_handler(handler, functools.partial(_Logged, method, request_id))
 
 
-@contextlib.asynccontextmanager
-async def _logged(method: str, request_id: str, context: aio.ServicerContext) -> AsyncIterator[None]:
-    """Bind the request id, run the call, and log its line however it ends."""
-    call = _Call(method, request_id, context)
-    try:
-        yield
-    except BaseException as exc:
-        call.failed(exc)
-        raise
-    finally:
+class _Logged:
+    """Bind the request id, run the call, and log its line however it ends. (A class rather than a
+    generator-based context manager: it wraps every call.)"""
+
+    __slots__ = ("_call", "_context", "_method", "_request_id")
+
+    def __init__(self, method: str, request_id: str, context: aio.ServicerContext) -> None:
+        self._method = method
+        self._request_id = request_id
+        self._context = context
+        self._call: _Call | None = None
+
+    async def __aenter__(self) -> None:
+        self._call = _Call(self._method, self._request_id, self._context)
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        call = self._call
+        assert call is not None
+        if exc is not None:
+            call.failed(exc)
         call.log()
 
 

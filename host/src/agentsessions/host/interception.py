@@ -10,7 +10,7 @@ to context variables is therefore seen by the handler and by the tasks it starts
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -49,22 +49,27 @@ def _unary(behavior: Behavior, around: Around) -> Behavior:
 def _stream(behavior: Behavior, around: Around) -> Behavior:
     async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         async with around(context):
-            async for response in responses_of(behavior, request, context):
-                yield response
+            responses = await responses_of(behavior, request, context)
+            if isinstance(responses, AsyncIterable):
+                async for response in responses:
+                    yield response
+            else:
+                for response in responses:
+                    yield response
 
     return serve
 
 
-async def responses_of(behavior: Behavior, request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+async def responses_of(
+    behavior: Behavior, request: Any, context: aio.ServicerContext
+) -> AsyncIterable[Any] | Iterable[Any]:
     """A response-streaming behavior's responses, in whichever form it gives them: an async
-    iterator, an iterable, or none at all (it wrote them with ``context.write()``)."""
+    iterator, an iterable, or none at all (it wrote them with ``context.write()``: no responses).
+
+    The caller iterates them itself: a wrapper that re-yielded them was one more generator frame
+    resumed for every message of every stream."""
     responses = behavior(request, context)
     if inspect.isawaitable(responses):
         # A handler that writes with context.write() and returns nothing.
         responses = await responses
-    if hasattr(responses, "__aiter__"):
-        async for response in responses:
-            yield response
-    elif responses is not None:
-        for response in responses:
-            yield response
+    return () if responses is None else responses

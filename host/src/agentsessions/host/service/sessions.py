@@ -46,16 +46,22 @@ async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
     raise AssertionError("context.abort returned")
 
 
-@contextlib.asynccontextmanager
-async def _statuses(context: aio.ServicerContext) -> AsyncIterator[None]:
+class _Statuses:
     """Domain errors (validation included) raised inside become their gRPC status; anything else
-    is INTERNAL; an abort already made passes through."""
-    try:
-        yield
-    except aio.AbortError:
-        raise
-    except Exception as exc:
-        await _abort(context, exc)
+    is INTERNAL; an abort already made passes through. (A class rather than a generator-based
+    context manager: it wraps every call, and its enter and exit are then two plain calls.)"""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: aio.ServicerContext) -> None:
+        self._context = context
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, Exception) and not isinstance(exc, aio.AbortError):
+            await _abort(self._context, exc)
 
 
 Req = TypeVar("Req")
@@ -70,9 +76,9 @@ def _unary(
 
     @functools.wraps(method)
     async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> Resp:
-        async with _statuses(context):
+        async with _Statuses(context):
             return await method(self, request, callcontext.current())
-        raise AssertionError("unreachable: _statuses raises what it does not return")
+        raise AssertionError("unreachable: _Statuses raises what it does not return")
 
     return handler
 
@@ -87,7 +93,7 @@ def _streaming(
         # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
         # and its guard released), not whenever the garbage collector finalizes it.
         stream = method(self, request, callcontext.current())
-        async with _statuses(context), contextlib.aclosing(stream) as items:
+        async with _Statuses(context), contextlib.aclosing(stream) as items:
             async for item in items:
                 yield item
 
@@ -119,7 +125,7 @@ def _reading(
 
 
 async def _write_each(items: AsyncGenerator[Resp, None], context: aio.ServicerContext) -> None:
-    async with _statuses(context), contextlib.aclosing(items):
+    async with _Statuses(context), contextlib.aclosing(items):
         async for item in items:
             await context.write(item)
 
