@@ -199,6 +199,7 @@ class RemoteHarness:
         self._channel: grpc.aio.Channel | None = None
         self._stub: harness_pb2_grpc.HarnessAsyncStub | None = None
         self._live: dict[str, _Bridge] = {}
+        self._ahead: dict[str, _Bridge] = {}  # streams opened ahead, by execution id (open_ahead)
         self._history = _HistoryEncoder(HISTORY_CACHE_SESSIONS)
         self._describe_max_age = describe_max_age
         self._history_by_reference = history_by_reference
@@ -310,12 +311,35 @@ class RemoteHarness:
             raise ValueError("Start.execution_id is required")
         if start.execution_id in self._live:
             raise ValueError(f"execution {start.execution_id!r} is already running on {self.address}")
-        bridge = _Bridge(self, start, sink)
+        bridge = self._ahead.pop(start.execution_id, None)
+        if bridge is not None and not bridge.takes(start, sink):
+            bridge.abandon()  # opened for another Start, or announcing another mode: opened anew
+            bridge = None
+        if bridge is None:
+            bridge = _Bridge(self, start, sink)
         self._live[start.execution_id] = bridge
         try:
             await bridge.run()
         finally:
             del self._live[start.execution_id]
+
+    async def open_ahead(self, start: Start, session_mode: str) -> Callable[[], None]:
+        """Open the Connect stream for ``start`` (a new live execution in a session of mode
+        ``session_mode``) now, so that the harness takes the call while the host writes the
+        execution's first records; :meth:`run` with the same ``start`` sends the Start on it.
+        Returns what cuts the stream if ``run`` never comes (a no-op once it has)."""
+        if not start.execution_id:
+            raise ValueError("Start.execution_id is required")
+        bridge = _Bridge(self, start, None)
+        await bridge.open_ahead(session_mode)
+        self._ahead[start.execution_id] = bridge
+
+        def abandon() -> None:
+            if self._ahead.get(start.execution_id) is bridge:
+                del self._ahead[start.execution_id]
+                bridge.abandon()
+
+        return abandon
 
     async def cancel(self, execution_id: str, reason: str = "") -> bool:
         """Ask the harness to cancel a running execution: send Cancel, wait the grace, then cut.
@@ -364,10 +388,12 @@ class _Described:
 class _Bridge:
     """One Connect stream: one execution."""
 
-    def __init__(self, link: RemoteHarness, start: Start, sink: EventSink) -> None:
+    def __init__(self, link: RemoteHarness, start: Start, sink: EventSink | None) -> None:
         self._link = link
         self._start = start
-        self._sink = sink
+        self._sink: EventSink = sink if sink is not None else _NO_SINK
+        # The stream opened ahead of the sink (open_ahead): the Start it sends once run.
+        self._opening: _Opening | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -427,16 +453,38 @@ class _Bridge:
 
     # -- the stream ------------------------------------------------------------------------
 
-    async def _bridge(self) -> None:
+    async def open_ahead(self, session_mode: str) -> None:
+        """Open the stream of a new live execution before its sink exists: the harness takes the
+        call while the host makes the execution's first records durable. Its Start goes when
+        :meth:`run` is given the sink, never before (a first append that fails runs no harness:
+        the stream is cut then, unstarted, by :meth:`abandon`)."""
+        self._session_mode = session_mode
+        opening = await self._prepare(_LIVE, 0)
+        self._connect(opening, opening.base)
+        self._opening = opening
+
+    def takes(self, start: Start, sink: EventSink) -> bool:
+        """Whether this stream, opened ahead, is the one to run ``start`` over ``sink`` (then it
+        runs there): opened for that Start, announcing what the sink runs (a live execution in the
+        session's mode)."""
+        if self._start is not start or _announced(sink) != (_LIVE, 0, self._session_mode):
+            return False
+        self._sink = sink
+        return True
+
+    def abandon(self) -> None:
+        """Cut a stream opened ahead that will not run (its Start never went)."""
+        opening, self._opening = self._opening, None
+        call = self._call
+        if opening is None or call is None:
+            return
+        opening.history.held = None  # what the harness holds is not known any more: whole next time
+        if not call.done():
+            call.cancel()
+
+    async def _prepare(self, mode: str, recorded: int) -> _Opening:
         start = self._start
         link = self._link
-        replaying = recorded_results(self._sink)
-        session_mode = getattr(self._sink, "host_mode", "")  # the session's mode, when the host's sink says
-        self._session_mode = session_mode if isinstance(session_mode, str) else ""
-        if replaying is not None and replaying.recorded_effects > 0:
-            mode, recorded = replaying.run_mode, replaying.recorded_effects
-        else:
-            mode, recorded = "live", 0
         body = harness_pb2.Start(
             config=start.config,
             inputs=list(start.inputs),
@@ -451,46 +499,68 @@ class _Bridge:
         connection = link.connection()
         # History by reference (agentsessions.sdk.extensions) to a harness that said it holds some.
         base = history.base_on(connection) if link._history_by_reference else None
-        event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
+        return _Opening(mode, recorded, envelope, body, history, connection, base)
+
+    async def _bridge(self) -> None:
+        opening = self._opening
+        if opening is None:
+            mode, recorded, self._session_mode = _announced(self._sink)
+            opening = await self._prepare(mode, recorded)
+            self._connect(opening, opening.base)
+        self._opening = None  # its Start goes now: no longer abandoned unstarted
+        history, base = opening.history, opening.base
+        event = await self._started(base, opening.frame(base))
         if event is _BASE_NOT_HELD:
             history.held = None
-            base = history.base_on(connection)  # the whole history this time
-            event = await self._open(mode, recorded, base, _start_frame(envelope, body, history.after(base)))
+            base = history.base_on(opening.connection)  # the whole history this time
+            self._connect(opening, base)
+            event = await self._started(base, opening.frame(base))
         assert not isinstance(event, _Marker)
         history.held = None
         if self._call is not None:
             # A harness asked to hold the history answers with the stream's status: taken at the
             # session's next Start, which also cuts the stream if the harness left it open.
-            offer = None if base is None else HeldBase(len(history.ends), start.execution_id, base.connection)
+            offer = (
+                None
+                if base is None
+                else HeldBase(len(history.ends), self._start.execution_id, base.connection)
+            )
             history.pending = _PendingAnswer(self._call, offer)
         try:
             # Until END, or EOF without END: completed, as the reference host treats it.
             while event is not None and not await self._handle(event):
-                event = await self._receive(link._event_timeout, "event")
+                event = await self._receive(self._link._event_timeout, "event")
         except ApprovalParkedError:
             self._ended = True  # the harness acknowledged and closed its side
             raise
         self._ended = True
 
-    async def _open(
-        self, mode: str, recorded: int, base: HeldBase | None, start_frame: bytes
-    ) -> common_pb2.Event | _Marker | None:
-        """Open the stream, send the Start frame and read the first event; ``_BASE_NOT_HELD`` when
-        the harness refused the history base."""
+    def _connect(self, opening: _Opening, base: HeldBase | None) -> None:
+        """Open the stream (grpc sends its metadata from the next loop turn on)."""
         extensions = connect_metadata(
-            mode, recorded, None if base is None else base.token, mode=self._session_mode
+            opening.mode, opening.recorded, None if base is None else base.token, mode=self._session_mode
         )
         try:
             # The turn's trace context rides along, so the harness's spans join the turn.
             self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
+
+    async def _started(self, base: HeldBase | None, start_frame: bytes) -> common_pb2.Event | _Marker | None:
+        """Send the Start frame on the stream just opened and read the first event;
+        ``_BASE_NOT_HELD`` when the harness refused the history base."""
         await self._write(start_frame)
         try:
             return await self._receive(self._link._event_timeout, "event")
         except HarnessFailedError as exc:
-            if base is not None and base.token and exc.code == grpc.StatusCode.FAILED_PRECONDITION:
-                trailing = await self._call.trailing_metadata()
+            call = self._call
+            if (
+                call is not None
+                and base is not None
+                and base.token
+                and exc.code == grpc.StatusCode.FAILED_PRECONDITION
+            ):
+                trailing = await call.trailing_metadata()
                 if any(key == HISTORY_HELD for key, _ in trailing or ()):
                     return _BASE_NOT_HELD
             raise
@@ -703,6 +773,48 @@ class _Marker:
 
 
 _BASE_NOT_HELD = _Marker()
+
+# The mode a new live execution announces (agentsessions.sdk.extensions), with no recorded effects.
+_LIVE = "live"
+
+
+def _announced(sink: EventSink) -> tuple[str, int, str]:
+    """What a stream announces for ``sink``'s execution: its run mode and recorded effects (a
+    re-run's, or live with none) and the session's mode, when the host's sink says."""
+    replaying = recorded_results(sink)
+    session_mode = getattr(sink, "host_mode", "")
+    if replaying is not None and replaying.recorded_effects > 0:
+        mode, recorded = replaying.run_mode, replaying.recorded_effects
+    else:
+        mode, recorded = _LIVE, 0
+    return mode, recorded, session_mode if isinstance(session_mode, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Opening:
+    """What a stream's Start is made of: its metadata's mode, the frame's parts, and the session's
+    history with the base the harness may hold of it on the connection it was taken on."""
+
+    mode: str
+    recorded: int
+    envelope: harness_pb2.ControllerFrame
+    body: harness_pb2.Start
+    history: _History
+    connection: int | None
+    base: HeldBase | None
+
+    def frame(self, base: HeldBase | None) -> bytes:
+        return _start_frame(self.envelope, self.body, self.history.after(base))
+
+
+class _NoSink:
+    """The sink of a stream opened ahead, until :meth:`RemoteHarness.run` gives it the real one."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"a stream opened ahead has no sink until it runs (asked for {name!r})")
+
+
+_NO_SINK: Any = _NoSink()
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ class RunningTurns:
     def __contains__(self, uid: str) -> bool:
         return uid in self._turns
 
+    def __len__(self) -> int:
+        return len(self._turns)
+
     def add(self, uid: str, turn: RunningTurn) -> None:
         self._turns[uid] = turn
 

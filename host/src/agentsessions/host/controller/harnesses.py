@@ -5,7 +5,7 @@ runs a harness makes first (Describe, bounded, then placement on the harness's r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -16,8 +16,10 @@ from agentsessions.host.controller.errors import (
     InvalidArgumentError,
     UnplaceableError,
 )
-from agentsessions.host.journal.store import JournalStore
+from agentsessions.host.controller.modes import session_mode
+from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime, placement_refusal
+from agentsessions.host.telemetry import switch
 from agentsessions.sdk.harness import EventSink, Harness, Start
 from agentsessions.v1 import harness_pb2, harness_registry_pb2
 
@@ -164,6 +166,29 @@ class HarnessCatalog:
 
 
 _RESUMABILITIES: Final = frozenset(harness_pb2.Resumability.values())
+
+
+# A harness's ``open_ahead`` (``agentsessions.host.harnesslink.RemoteHarness.open_ahead``).
+OpenAhead = Callable[[Start, str], Awaitable[Callable[[], None]]]
+
+
+async def open_ahead(
+    resolved: ResolvedHarness, start: Start, row: SessionRow, *, others_running: int
+) -> Callable[[], None] | None:
+    """Open the stream of a new live execution of ``row``'s session before its first records are
+    durable, where the harness can: the harness takes the call while the host commits them, and
+    ``start`` goes on it only when the harness is run with it (a first append that fails never runs
+    the harness: call what this returns, and the stream is cut unstarted; a no-op once it ran).
+
+    None where nothing is opened ahead: a harness in this process; a traced host (the stream
+    carries the turn's trace context, and the turn's span begins when the harness runs); and a host
+    already running other executions (``others_running``), whose event loop has their work for
+    that time, so the turn gains nothing and the harness's extra wakeup (the call and its Start
+    arriving apart) costs the machine CPU (bench/README.md, "The stream opened ahead")."""
+    opener: OpenAhead | None = getattr(resolved.harness, "open_ahead", None)
+    if opener is None or others_running or switch.enabled():
+        return None
+    return await opener(start, session_mode(row))
 
 
 async def describe(

@@ -11,6 +11,7 @@ live sink. An Exec without inputs on an approval-bearing turn recovers that turn
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -28,7 +29,7 @@ from agentsessions.host.controller.errors import (
     FailedPreconditionError,
 )
 from agentsessions.host.controller.executions import Execution
-from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed
+from agentsessions.host.controller.harnesses import ResolvedHarness, describe_placed, open_ahead
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.feed import DeltaGate
@@ -58,12 +59,45 @@ class ExecParams:
     result_schema: Mapping[str, Any] | None = None  # a checked JSON Schema (controller/results.py)
 
 
+class Updates:
+    """A turn's updates on their way to its Exec stream: an unbounded queue with one reader.
+
+    ``asyncio.Queue`` does more for each item (task accounting, an Event cleared on every put) than
+    a stream that carries seven or more of them a turn needs."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Update | None] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Update | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Update | None:
+        """The next item, waiting for one if there is none (one reader at a time)."""
+        items = self._items
+        while not items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:  # cancelled while waiting: forget it
+                    self._waiter = None
+        return items.popleft()
+
+
 class Relay:
     """Relays a turn's records and deltas to the Exec stream, in order; a model call's deltas
     after its MODEL_CALL record (``gate``)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Update | None] = asyncio.Queue()
+        self.queue = Updates()
         self.gate = DeltaGate(self.queue.put_nowait)
 
     async def record(self, rec: common_pb2.LogRecord) -> None:
@@ -220,11 +254,6 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
             harness_version=desc.version,
         ),
     )
-    # The incarnation's fence is minted by its first append, in the same transaction: one durable
-    # commit, and only the writer that wins the head supersedes the one before it.
-    records = await core.admission.start(core, row, p, [start_event, *inputs], expected)
-    for rec in records:
-        await relay.record(rec)
     start = Start(
         session=row.uid,
         execution_id=execution_id,
@@ -233,13 +262,25 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
         config=p.config,
         resume_from_seq=p.resume_from_seq,
     )
-    writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
-    on_delta, hold = core.admission.deltas(row.uid, relay.delta, relay.gate)
-    sink = core.sinks.live(row, execution_id, writer, on_delta, descriptor=desc, delta_hold=hold)
+    # The harness takes the stream's call while the first records are committed; the Start goes
+    # on it once they are durable (and never, if they are not).
+    abandon = await open_ahead(resolved, start, row, others_running=len(core.driver.running))
     try:
-        parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
-    finally:  # frames still held wait for a MODEL_CALL whose write failed: they go now
-        hold.release()
+        # The incarnation's fence is minted by its first append, in the same transaction: one
+        # durable commit, and only the writer that wins the head supersedes the one before it.
+        records = await core.admission.start(core, row, p, [start_event, *inputs], expected)
+        for rec in records:
+            await relay.record(rec)
+        writer = ExecutionWriter(core.writer, row.uid, records[0].fence, records[-1].seq, relay.record)
+        on_delta, hold = core.admission.deltas(row.uid, relay.delta, relay.gate)
+        sink = core.sinks.live(row, execution_id, writer, on_delta, descriptor=desc, delta_hold=hold)
+        try:
+            parked = await core.driver.drive(row.uid, resolved, start, sink, writer, p.deadline_unix)
+        finally:  # frames still held wait for a MODEL_CALL whose write failed: they go now
+            hold.release()
+    finally:
+        if abandon is not None:
+            abandon()  # a stream the harness never ran on (a failed append, a Cancel first)
     return await sessions.look(core, turn.call, row.uid) if parked is not None else None
 
 

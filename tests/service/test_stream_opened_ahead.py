@@ -1,0 +1,175 @@
+"""A new turn's Connect stream opened ahead of its first commit (``controller.harnesses.open_ahead``).
+
+On a host running nothing else, the harness takes the stream's call while EXECUTION_START and the
+INPUTs are committed; the Start frame goes once they are durable, and never when they are not
+(the reference's rule: a first append that fails never runs the harness). A host already running
+other turns opens nothing ahead. Each test holds the first append until it has seen what the
+harness saw at that moment, so what they check is the order, not a race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from agentsessions.host.harnesslink import RemoteHarness
+from agentsessions.host.journal.store import JournalStore
+from agentsessions.sdk.harness import Start
+from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
+from tests.support.harnesses import GateHarness
+from tests.support.host import running_host, text_input
+from tests.support.raw_harness import RawHarnessServicer, serve_harness
+
+K = common_pb2.EventKind
+
+
+class RecordingHarness(RawHarnessServicer):
+    """Ends each execution COMPLETED at once, and notes each stream: opened, its Start, or cut
+    before a Start came."""
+
+    def __init__(self) -> None:
+        super().__init__("recording")
+        self.opened = 0
+        self.open = asyncio.Event()  # a stream reached the harness
+        self.starts: list[harness_pb2.ControllerFrame] = []
+        self.cut = asyncio.Event()  # a stream ended before its Start
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[harness_pb2.ControllerFrame], context: aio.ServicerContext
+    ) -> AsyncIterator[common_pb2.Event]:
+        self.opened += 1
+        self.open.set()
+        try:
+            start = await anext(aiter(request_iterator))
+        except (StopAsyncIteration, asyncio.CancelledError):
+            self.cut.set()
+            raise
+        self.starts.append(start)
+        yield common_pb2.Event(
+            execution_id=start.execution_id, kind=K.EVENT_END, end=common_pb2.HarnessEnd(state="COMPLETED")
+        )
+
+
+class HeldFirstAppend:
+    """The journal store, with each execution's first append (the one that mints its fence) held
+    until ``seen`` says what the harness had seen by then."""
+
+    def __init__(self, store: JournalStore, harness: RecordingHarness, wait_for_open: bool) -> None:
+        self._store = store
+        self._harness = harness
+        self._wait_for_open = wait_for_open
+        self.opened_before_commit: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def append(
+        self,
+        uid: str,
+        events: Sequence[common_pb2.Event],
+        *,
+        expected_head: int,
+        fence: int,
+        mint_fence: bool = False,
+    ) -> list[common_pb2.LogRecord]:
+        if mint_fence and any(e.kind == K.EVENT_EXECUTION_START for e in events):
+            if self._wait_for_open:
+                async with asyncio.timeout(10):  # the stream opened ahead reaches the harness
+                    await self._harness.open.wait()
+                self._harness.open.clear()
+            self.opened_before_commit.append(self._harness.opened)
+            execution = events[0].execution_id
+            assert all(s.execution_id != execution for s in self._harness.starts), (
+                "a Start went before the execution's first records were durable"
+            )
+        return await self._store.append(
+            uid, events, expected_head=expected_head, fence=fence, mint_fence=mint_fence
+        )
+
+
+def say(session: str, text: str, **kw: Any) -> session_pb2.ExecRequest:
+    return session_pb2.ExecRequest(session=session, inputs=[text_input(text)], **kw)
+
+
+async def new_session(host: Any, harness: str) -> str:
+    created = await host.sessions.CreateSession(
+        session_pb2.CreateSessionRequest(session=session_pb2.Session(harness=harness))
+    )
+    return str(created.metadata.uid)
+
+
+async def test_an_idle_hosts_turn_opens_the_stream_while_its_first_records_commit(
+    store: JournalStore,
+) -> None:
+    harness = RecordingHarness()
+    held = HeldFirstAppend(store, harness, wait_for_open=True)
+    async with serve_harness(harness) as address, running_host(held, remote={"rec": address}) as host:
+        uid = await new_session(host, "rec")
+        for turn in range(2):
+            updates = await host.exec(say(uid, f"turn {turn}"))
+            journaled = [u.record for u in updates if u.WhichOneof("update") == "record"]
+            assert [K.Name(r.event.kind) for r in journaled] == [
+                "EVENT_EXECUTION_START",
+                "EVENT_INPUT",
+                "EVENT_END",
+            ]
+            assert harness.starts[-1].execution_id == journaled[0].event.execution_id
+    assert held.opened_before_commit == [1, 2]  # each turn's stream was open before its commit
+    assert len(harness.starts) == 2 and not harness.cut.is_set()
+
+
+async def test_a_first_append_that_fails_cuts_the_stream_opened_ahead_unstarted(store: JournalStore) -> None:
+    harness = RecordingHarness()
+    held = HeldFirstAppend(store, harness, wait_for_open=True)
+    async with serve_harness(harness) as address, running_host(held, remote={"rec": address}) as host:
+        uid = await new_session(host, "rec")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await host.exec(say(uid, "stale", expected_last_seq=7))
+        assert err.value.code() == grpc.StatusCode.ABORTED
+        async with asyncio.timeout(10):
+            await harness.cut.wait()
+        assert harness.opened == 1 and harness.starts == []  # opened ahead, never started
+        assert (await store.head(uid)).seq == 0
+        # The session's next turn runs as ever (its history goes whole: what the harness holds is unknown).
+        updates = await host.exec(say(uid, "again"))
+        assert updates[-1].record.event.kind == K.EVENT_END
+        assert len(harness.starts) == 1
+
+
+async def test_a_host_running_another_turn_opens_nothing_ahead(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened_ahead: list[str] = []
+    open_ahead = RemoteHarness.open_ahead
+
+    async def counted(self: RemoteHarness, start: Start, session_mode: str) -> Callable[[], None]:
+        opened_ahead.append(start.session)
+        return await open_ahead(self, start, session_mode)
+
+    monkeypatch.setattr(RemoteHarness, "open_ahead", counted)
+    harness = RecordingHarness()
+    gate = GateHarness()
+    held = HeldFirstAppend(store, harness, wait_for_open=False)
+    async with (
+        serve_harness(harness) as address,
+        running_host(held, remote={"rec": address}, local={"gate": gate}) as host,
+    ):
+        busy = await new_session(host, "gate")
+        uid = await new_session(host, "rec")
+        running = asyncio.create_task(host.exec(say(busy, "hold")))
+        async with asyncio.timeout(10):
+            await gate.entered.wait()
+        updates = await host.exec(say(uid, "meanwhile"))
+        assert updates[-1].record.event.kind == K.EVENT_END
+        assert opened_ahead == []  # the gate's turn was running: nothing opened ahead
+        gate.release.set()
+        await running
+        await host.exec(say(uid, "alone"))
+    assert opened_ahead == [uid]  # alone on the host, its turn's stream opened ahead
+    assert held.opened_before_commit[:2] == [0, 0]
+    assert harness.opened == 2 and len(harness.starts) == 2
