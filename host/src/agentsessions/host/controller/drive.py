@@ -91,9 +91,6 @@ class RunningTurns:
     def __contains__(self, uid: str) -> bool:
         return uid in self._turns
 
-    def __len__(self) -> int:
-        return len(self._turns)
-
     def add(self, uid: str, turn: RunningTurn) -> None:
         self._turns[uid] = turn
 

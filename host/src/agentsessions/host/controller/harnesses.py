@@ -173,7 +173,7 @@ OpenAhead = Callable[[Start, str], Awaitable[Callable[[], None]]]
 
 
 async def open_ahead(
-    resolved: ResolvedHarness, start: Start, row: SessionRow, *, others_running: int
+    resolved: ResolvedHarness, start: Start, row: SessionRow, *, others_busy: int
 ) -> Callable[[], None] | None:
     """Open the stream of a new live execution of ``row``'s session before its first records are
     durable, where the harness can: the harness takes the call while the host commits them, and
@@ -182,11 +182,12 @@ async def open_ahead(
 
     None where nothing is opened ahead: a harness in this process; a traced host (the stream
     carries the turn's trace context, and the turn's span begins when the harness runs); and a host
-    already running other executions (``others_running``), whose event loop has their work for
-    that time, so the turn gains nothing and the harness's extra wakeup (the call and its Start
-    arriving apart) costs the machine CPU (bench/README.md, "The stream opened ahead")."""
+    where other sessions are in use (``others_busy``: their turns at whatever step), whose event
+    loop has their work for that time, so the turn gains nothing and the harness's extra wakeup
+    (the call and its Start arriving apart) costs the machine CPU (bench/README.md, "The stream
+    opened ahead")."""
     opener: OpenAhead | None = getattr(resolved.harness, "open_ahead", None)
-    if opener is None or others_running or switch.enabled():
+    if opener is None or others_busy > 0 or switch.enabled():
         return None
     return await opener(start, session_mode(row))
 
