@@ -23,6 +23,7 @@ from agentsessions.sdk.harness import Start
 from agentsessions.v1 import common_pb2, harness_pb2, session_pb2
 from tests.support.harnesses import GateHarness
 from tests.support.host import running_host, text_input
+from tests.support.processes import harness_process, serve_argv, stop
 from tests.support.raw_harness import RawHarnessServicer, serve_harness
 
 K = common_pb2.EventKind
@@ -173,3 +174,35 @@ async def test_a_host_running_another_turn_opens_nothing_ahead(
     assert opened_ahead == [uid]  # alone on the host, its turn's stream opened ahead
     assert held.opened_before_commit[:2] == [0, 0]
     assert harness.opened == 2 and len(harness.starts) == 2
+
+
+async def test_the_sdks_harness_takes_a_stream_cut_before_its_start_as_nothing_to_run(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    abandoned: list[str] = []
+    open_ahead = RemoteHarness.open_ahead
+
+    async def watched(self: RemoteHarness, start: Start, session_mode: str) -> Callable[[], None]:
+        abandon = await open_ahead(self, start, session_mode)
+
+        def noted() -> None:
+            if self._ahead.get(start.execution_id) is not None:
+                abandoned.append(start.execution_id)
+            abandon()
+
+        return noted
+
+    monkeypatch.setattr(RemoteHarness, "open_ahead", watched)
+    async with harness_process(serve_argv("agentsessions.harnesses.echo:EchoHarness")) as harness:
+        async with running_host(store, remote={"echo-process": harness.address}) as host:
+            uid = await new_session(host, "echo-process")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await host.exec(say(uid, "stale", expected_last_seq=3))
+            assert err.value.code() == grpc.StatusCode.ABORTED
+            assert len(abandoned) == 1  # its stream was opened ahead, then cut unstarted
+            updates = await host.exec(say(uid, "hello"))
+            assert updates[-2].record.event.message.parts[0].text.text == "echo:hello"
+        assert await stop(harness) == 0
+        assert harness.process.stderr is not None
+        logged = (await harness.process.stderr.read()).decode()
+    assert "Traceback" not in logged and "ERROR" not in logged, logged

@@ -27,6 +27,11 @@ the session's next Start with only the events after that history (``agentsession
 or, when it no longer holds it, the whole history on a second stream. So after END the host lets
 the harness end its side of the stream by itself (cut after ``END_STATUS_GRACE_S`` if it does not)
 and reads the answer when it sends the next Start.
+
+A stream opened ahead (:meth:`RemoteHarness.open_ahead`): a new live turn's stream may be opened
+before the turn's first records are durable, so that the harness takes the call meanwhile; its
+Start goes only when :meth:`RemoteHarness.run` is given that Start, and a stream that never runs
+is cut before any Start (``controller.harnesses.open_ahead`` says when the host does this).
 """
 
 from __future__ import annotations
