@@ -19,7 +19,7 @@ import grpc
 from grpc import aio
 
 from agentsessions.host import eventloop, logs, requestid
-from agentsessions.host.interception import around_handler
+from agentsessions.host.interception import Wrapped, around_handler
 
 log = logging.getLogger("agentsessions.host.rpc")
 
@@ -27,33 +27,39 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 
 
 class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        # Each method's handler wrapped once: the request id is read in the call's own task.
+        self._logged = Wrapped(
+            lambda handler, method: around_handler(handler, functools.partial(_Logged, method))
+        )
+
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
         # The call is accepted: from here its work queues with everyone's (eventloop.py).
         eventloop.ACCEPTING.set(False)
         method: str = handler_call_details.method
-        request_id = requestid.from_metadata(handler_call_details.invocation_metadata)
         handler = await continuation(handler_call_details)
         if handler is None:
             handler = grpc.stream_stream_rpc_method_handler(_unimplemented(method))
-        return around_handler(handler, functools.partial(_Logged, method, request_id))
+            return around_handler(handler, functools.partial(_Logged, method))
+        return self._logged.get(handler, method)
 
 
 class _Logged:
     """Bind the request id, run the call, and log its line however it ends. (A class rather than a
     generator-based context manager: it wraps every call.)"""
 
-    __slots__ = ("_call", "_context", "_method", "_request_id")
+    __slots__ = ("_call", "_context", "_method")
 
-    def __init__(self, method: str, request_id: str, context: aio.ServicerContext) -> None:
+    def __init__(self, method: str, context: aio.ServicerContext) -> None:
         self._method = method
-        self._request_id = request_id
         self._context = context
         self._call: _Call | None = None
 
     async def __aenter__(self) -> None:
-        self._call = _Call(self._method, self._request_id, self._context)
+        context = self._context
+        self._call = _Call(self._method, requestid.from_metadata(context.invocation_metadata()), context)
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         call = self._call

@@ -21,6 +21,33 @@ Around = Callable[[aio.ServicerContext], AbstractAsyncContextManager[None]]
 Behavior = Callable[[Any, Any], Any]
 
 
+class Wrapped:
+    """Method handlers as an interceptor wraps them, built once per handler (and key) rather than
+    once per call: a served method's handler is one object for the server's life. Bounded: when
+    ``limit`` wrappers are kept it starts over (handlers another interceptor makes per call only
+    miss)."""
+
+    __slots__ = ("_kept", "_limit", "_wrap")
+
+    def __init__(
+        self, wrap: Callable[[grpc.RpcMethodHandler, Any], grpc.RpcMethodHandler], limit: int = 256
+    ) -> None:
+        self._wrap = wrap
+        self._limit = limit
+        self._kept: dict[object, grpc.RpcMethodHandler] = {}
+
+    def get(self, handler: grpc.RpcMethodHandler, key: Any = None) -> grpc.RpcMethodHandler:
+        """``wrap(handler, key)``, made on the first call with them (``key``: what else the
+        wrapper depends on)."""
+        kept = self._kept
+        found = kept.get((handler, key))
+        if found is None:
+            if len(kept) >= self._limit:
+                kept.clear()
+            found = kept[(handler, key)] = self._wrap(handler, key)
+        return found
+
+
 def around_handler(handler: grpc.RpcMethodHandler, around: Around) -> grpc.RpcMethodHandler:
     codec = {
         "request_deserializer": handler.request_deserializer,

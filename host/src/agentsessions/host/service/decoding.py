@@ -22,7 +22,7 @@ from grpc import aio
 
 from agentsessions.host import protowire
 from agentsessions.host.controller.errors import InvalidArgumentError
-from agentsessions.host.interception import responses_of
+from agentsessions.host.interception import Wrapped, responses_of
 from agentsessions.host.service.status import status_of
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -60,19 +60,26 @@ def tolerant(decoder: Decoder | None) -> Decoder | None:
 
 
 class DecodingInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self._checked = Wrapped(lambda handler, _: _checked(handler))  # once per method's handler
+
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming:
             return handler
-        decoder = tolerant(handler.request_deserializer)
-        if decoder is handler.request_deserializer:
-            return handler
-        codec = {"request_deserializer": decoder, "response_serializer": handler.response_serializer}
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(_checked_unary(handler.unary_unary), **codec)
-        return grpc.unary_stream_rpc_method_handler(_checked_stream(handler.unary_stream), **codec)
+        return self._checked.get(handler)
+
+
+def _checked(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    decoder = tolerant(handler.request_deserializer)
+    if decoder is handler.request_deserializer:
+        return handler
+    codec = {"request_deserializer": decoder, "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(_checked_unary(handler.unary_unary), **codec)
+    return grpc.unary_stream_rpc_method_handler(_checked_stream(handler.unary_stream), **codec)
 
 
 async def _refuse(context: aio.ServicerContext, undecodable: Undecodable) -> None:
