@@ -548,7 +548,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"make each MODEL_CALL record durable before the model is asked, as the reference does "
         f"(env {env}WRITE_AHEAD_MODEL_CALLS; default: it is made durable with the call's answer, "
-        f"or at most 2 ms after the call began, whichever comes first)",
+        f"or at most 10 ms after the call began, whichever comes first)",
     )
     parser.add_argument(
         "--approval-policy",
