@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import pytest
 from grpc import aio
 
+from agentsessions.host import harnesslink
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.sdk.harness import Start
@@ -70,15 +72,9 @@ class HeldFirstAppend:
         return getattr(self._store, name)
 
     async def append(
-        self,
-        uid: str,
-        events: Sequence[common_pb2.Event],
-        *,
-        expected_head: int,
-        fence: int,
-        mint_fence: bool = False,
+        self, uid: str, events: Sequence[common_pb2.Event], **how: Any
     ) -> list[common_pb2.LogRecord]:
-        if mint_fence and any(e.kind == K.EVENT_EXECUTION_START for e in events):
+        if how.get("mint_fence") and any(e.kind == K.EVENT_EXECUTION_START for e in events):
             if self._wait_for_open:
                 async with asyncio.timeout(10):  # the stream opened ahead reaches the harness
                     await self._harness.open.wait()
@@ -88,9 +84,37 @@ class HeldFirstAppend:
             assert all(s.execution_id != execution for s in self._harness.starts), (
                 "a Start went before the execution's first records were durable"
             )
-        return await self._store.append(
-            uid, events, expected_head=expected_head, fence=fence, mint_fence=mint_fence
-        )
+        records: list[common_pb2.LogRecord] = await self._store.append(uid, events, **how)
+        return records
+
+
+@dataclass
+class Ahead:
+    """What the host's harness link opened ahead: each stream's session, and the executions whose
+    stream was cut unstarted."""
+
+    opened: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def ahead(monkeypatch: pytest.MonkeyPatch) -> Ahead:
+    seen = Ahead()
+    open_ahead = RemoteHarness.open_ahead
+
+    async def watched(self: RemoteHarness, start: Start, session_mode: str) -> Callable[[], None]:
+        seen.opened.append(start.session)
+        abandon = await open_ahead(self, start, session_mode)
+
+        def noted() -> None:
+            if self._ahead.get(start.execution_id) is not None:
+                seen.abandoned.append(start.execution_id)
+            abandon()
+
+        return noted
+
+    monkeypatch.setattr(RemoteHarness, "open_ahead", watched)
+    return seen
 
 
 def say(session: str, text: str, **kw: Any) -> session_pb2.ExecRequest:
@@ -142,17 +166,7 @@ async def test_a_first_append_that_fails_cuts_the_stream_opened_ahead_unstarted(
         assert len(harness.starts) == 1
 
 
-async def test_a_host_running_another_turn_opens_nothing_ahead(
-    store: JournalStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opened_ahead: list[str] = []
-    open_ahead = RemoteHarness.open_ahead
-
-    async def counted(self: RemoteHarness, start: Start, session_mode: str) -> Callable[[], None]:
-        opened_ahead.append(start.session)
-        return await open_ahead(self, start, session_mode)
-
-    monkeypatch.setattr(RemoteHarness, "open_ahead", counted)
+async def test_a_host_running_another_turn_opens_nothing_ahead(store: JournalStore, ahead: Ahead) -> None:
     harness = RecordingHarness()
     gate = GateHarness()
     held = HeldFirstAppend(store, harness, wait_for_open=False)
@@ -167,42 +181,54 @@ async def test_a_host_running_another_turn_opens_nothing_ahead(
             await gate.entered.wait()
         updates = await host.exec(say(uid, "meanwhile"))
         assert updates[-1].record.event.kind == K.EVENT_END
-        assert opened_ahead == []  # the gate's turn was running: nothing opened ahead
+        assert ahead.opened == []  # the gate's turn was running: nothing opened ahead
         gate.release.set()
         await running
         await host.exec(say(uid, "alone"))
-    assert opened_ahead == [uid]  # alone on the host, its turn's stream opened ahead
+    assert ahead.opened == [uid]  # alone on the host, its turn's stream opened ahead
     assert held.opened_before_commit[:2] == [0, 0]
     assert harness.opened == 2 and len(harness.starts) == 2
 
 
 async def test_the_sdks_harness_takes_a_stream_cut_before_its_start_as_nothing_to_run(
-    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+    store: JournalStore, ahead: Ahead
 ) -> None:
-    abandoned: list[str] = []
-    open_ahead = RemoteHarness.open_ahead
-
-    async def watched(self: RemoteHarness, start: Start, session_mode: str) -> Callable[[], None]:
-        abandon = await open_ahead(self, start, session_mode)
-
-        def noted() -> None:
-            if self._ahead.get(start.execution_id) is not None:
-                abandoned.append(start.execution_id)
-            abandon()
-
-        return noted
-
-    monkeypatch.setattr(RemoteHarness, "open_ahead", watched)
     async with harness_process(serve_argv("agentsessions.harnesses.echo:EchoHarness")) as harness:
         async with running_host(store, remote={"echo-process": harness.address}) as host:
             uid = await new_session(host, "echo-process")
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await host.exec(say(uid, "stale", expected_last_seq=3))
             assert err.value.code() == grpc.StatusCode.ABORTED
-            assert len(abandoned) == 1  # its stream was opened ahead, then cut unstarted
+            assert ahead.opened == [uid] and len(ahead.abandoned) == 1  # opened ahead, cut unstarted
             updates = await host.exec(say(uid, "hello"))
             assert updates[-2].record.event.message.parts[0].text.text == "echo:hello"
         assert await stop(harness) == 0
         assert harness.process.stderr is not None
         logged = (await harness.process.stderr.read()).decode()
     assert "Traceback" not in logged and "ERROR" not in logged, logged
+
+
+async def test_a_stream_that_cannot_be_opened_ahead_is_opened_when_the_harness_runs(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connect = harnesslink._Bridge._connect
+    refused: list[int] = []
+
+    def first_refused(self: harnesslink._Bridge, opening: Any, base: Any) -> None:
+        if not refused:
+            refused.append(1)
+            raise harnesslink.HarnessProtocolError("no stream for you, this once")
+        connect(self, opening, base)
+
+    monkeypatch.setattr(harnesslink._Bridge, "_connect", first_refused)
+    harness = RecordingHarness()
+    async with serve_harness(harness) as address, running_host(store, remote={"rec": address}) as host:
+        uid = await new_session(host, "rec")
+        updates = await host.exec(say(uid, "still"))
+    assert refused == [1]  # the opening ahead failed; the run opened the stream itself
+    assert [K.Name(u.record.event.kind) for u in updates[1:]] == [
+        "EVENT_EXECUTION_START",
+        "EVENT_INPUT",
+        "EVENT_END",
+    ]
+    assert harness.opened == 1 and len(harness.starts) == 1

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -47,7 +48,7 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from agentsessions.host import protowire
+from agentsessions.host import logs, protowire
 from agentsessions.host.addresses import check_harness_address
 from agentsessions.host.controller.errors import HarnessMisdescribedError, HarnessUnavailableError
 from agentsessions.host.controller.journal_cache import Prefix
@@ -76,6 +77,8 @@ __all__ = [
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
 _KIND = common_pb2
+
+log = logging.getLogger(__name__)
 
 # Control events only the host originates; a harness sending one is refused.
 _HOST_OWNED = frozenset(
@@ -336,7 +339,16 @@ class RemoteHarness:
         if not start.execution_id:
             raise ValueError("Start.execution_id is required")
         bridge = _Bridge(self, start, None)
-        await bridge.open_ahead(session_mode)
+        try:
+            await bridge.open_ahead(session_mode)
+        except Exception:  # it only saves time: run() opens the stream itself, and says what fails
+            log.debug(
+                "could not open a stream ahead",
+                exc_info=True,
+                extra=logs.fields(execution_id=start.execution_id),
+            )
+            bridge.abandon()
+            return _nothing
         self._ahead[start.execution_id] = bridge
 
         def abandon() -> None:
@@ -778,6 +790,11 @@ class _Marker:
 
 
 _BASE_NOT_HELD = _Marker()
+
+
+def _nothing() -> None:
+    """What cuts a stream that was not opened ahead."""
+
 
 # The mode a new live execution announces (agentsessions.sdk.extensions), with no recorded effects.
 _LIVE = "live"

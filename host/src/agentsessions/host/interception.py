@@ -76,27 +76,26 @@ def _unary(behavior: Behavior, around: Around) -> Behavior:
 def _stream(behavior: Behavior, around: Around) -> Behavior:
     async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         async with around(context):
-            responses = await responses_of(behavior, request, context)
-            if isinstance(responses, AsyncIterable):
-                async for response in responses:
-                    yield response
-            else:
-                for response in responses:
-                    yield response
+            async for response in await responses_of(behavior, request, context):
+                yield response
 
     return serve
 
 
-async def responses_of(
-    behavior: Behavior, request: Any, context: aio.ServicerContext
-) -> AsyncIterable[Any] | Iterable[Any]:
-    """A response-streaming behavior's responses, in whichever form it gives them: an async
-    iterator, an iterable, or none at all (it wrote them with ``context.write()``: no responses).
-
-    The caller iterates them itself: a wrapper that re-yielded them was one more generator frame
-    resumed for every message of every stream."""
+async def responses_of(behavior: Behavior, request: Any, context: aio.ServicerContext) -> AsyncIterable[Any]:
+    """A response-streaming behavior's responses, whichever form it gives them in: an async
+    iterator (handed back as it is), an iterable, or none at all (it wrote them with
+    ``context.write()``). The caller iterates them itself: a generator re-yielding an async
+    iterator's items was one more frame resumed for every message of every stream."""
     responses = behavior(request, context)
     if inspect.isawaitable(responses):
         # A handler that writes with context.write() and returns nothing.
         responses = await responses
-    return () if responses is None else responses
+    if isinstance(responses, AsyncIterable):
+        return responses
+    return _each(() if responses is None else responses)
+
+
+async def _each(items: Iterable[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item

@@ -155,10 +155,7 @@ def _encode(p: ExecProjection) -> str:
 
 
 def _sealed(p: ExecProjection) -> ExecProjection:
-    # Built, not ``replace``d: two projections change on every turn (its EXECUTION_START, its END).
-    return ExecProjection(
-        invalid=p.invalid, unknown=p.unknown, modern=p.modern, latest=p.latest, encoded=_encode(p)
-    )
+    return replace(p, encoded=_encode(p))
 
 
 # Decoded projections by their text: a listing reads the same rows again and again, and a row's
@@ -275,20 +272,12 @@ def _advance(
             return replace(p, invalid=True)
         if known_ids is not None:
             known_ids.add(execution_id)
-        return ExecProjection(
-            invalid=p.invalid,
-            unknown=p.unknown,
-            modern=True,
-            latest=LatestExecution(execution_id, inherited=inherited),
-        )
+        return replace(p, modern=True, latest=LatestExecution(execution_id, inherited=inherited))
     if kind not in _EXECUTION_KINDS:
         return p
     if execution_id:
         if latest is not None and not latest.legacy and latest.id == execution_id:
-            attached = _attach(latest, event, kind, seq, inherited)
-            if attached is latest and p.modern:
-                return p
-            return ExecProjection(invalid=p.invalid, unknown=p.unknown, modern=True, latest=attached)
+            return replace(p, modern=True, latest=_attach(latest, event, kind, seq, inherited))
         if known_ids is not None:
             if execution_id in known_ids:
                 return p if p.modern else replace(p, modern=True)  # an older execution's record
@@ -312,15 +301,7 @@ def _attach(
     if not first and not inherited and ex.inherited:
         ex = replace(ex, inherited=False)
     if kind == _END:
-        return LatestExecution(
-            id=ex.id,
-            legacy=ex.legacy,
-            inherited=ex.inherited,
-            end_state=event.end.state,
-            errored=ex.errored,
-            malformed=ex.malformed,
-            tools=ex.tools,
-        )
+        return replace(ex, end_state=event.end.state)
     if kind == _ERROR:
         return ex if ex.errored else replace(ex, errored=True)
     if ex.malformed or kind not in (_TOOL_CALL, _TOOL_RESULT, _APPROVAL_REQUEST, _APPROVAL_RESULT):

@@ -12,7 +12,7 @@ innermost, so authentication still answers first and the servicers only ever see
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,12 +101,7 @@ def _checked_stream(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, aio.S
     async def serve(request: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, Undecodable):
             await _refuse(context, request)
-        responses = await responses_of(behavior, request, context)
-        if isinstance(responses, AsyncIterable):
-            async for response in responses:
-                yield response
-        else:
-            for response in responses:
-                yield response
+        async for response in await responses_of(behavior, request, context):
+            yield response
 
     return serve
