@@ -43,7 +43,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -415,7 +415,6 @@ class _Bridge:
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._cancel_reason: str | None = None
-        self._session_mode = ""
         # The stream ended as the protocol says (END, EOF or a park's closure): the harness ends
         # its side by itself, and its status may carry its history answer (see _PendingAnswer).
         self._ended = False
@@ -475,8 +474,7 @@ class _Bridge:
         call while the host makes the execution's first records durable. Its Start goes when
         :meth:`run` is given the sink, never before (a first append that fails runs no harness:
         the stream is cut then, unstarted, by :meth:`abandon`)."""
-        self._session_mode = session_mode
-        opening = await self._prepare(_LIVE, 0)
+        opening = await self._prepare(_Announcement(_LIVE, 0, session_mode))
         self._connect(opening, opening.base)
         self._opening = opening
 
@@ -484,7 +482,8 @@ class _Bridge:
         """Whether this stream, opened ahead, is the one to run ``start`` over ``sink`` (then it
         runs there): opened for that Start, announcing what the sink runs (a live execution in the
         session's mode)."""
-        if self._start is not start or _announced(sink) != (_LIVE, 0, self._session_mode):
+        opening = self._opening
+        if opening is None or self._start is not start or _announced(sink) != opening.announced:
             return False
         self._sink = sink
         return True
@@ -499,7 +498,7 @@ class _Bridge:
         if not call.done():
             call.cancel()
 
-    async def _prepare(self, mode: str, recorded: int) -> _Opening:
+    async def _prepare(self, announced: _Announcement) -> _Opening:
         start = self._start
         link = self._link
         body = harness_pb2.Start(
@@ -516,13 +515,12 @@ class _Bridge:
         connection = link.connection()
         # History by reference (agentsessions.sdk.extensions) to a harness that said it holds some.
         base = history.base_on(connection) if link._history_by_reference else None
-        return _Opening(mode, recorded, envelope, body, history, connection, base)
+        return _Opening(announced, envelope, body, history, connection, base)
 
     async def _bridge(self) -> None:
         opening = self._opening
         if opening is None:
-            mode, recorded, self._session_mode = _announced(self._sink)
-            opening = await self._prepare(mode, recorded)
+            opening = await self._prepare(_announced(self._sink))
             self._connect(opening, opening.base)
         self._opening = None  # its Start goes now: no longer abandoned unstarted
         history, base = opening.history, opening.base
@@ -554,9 +552,8 @@ class _Bridge:
 
     def _connect(self, opening: _Opening, base: HeldBase | None) -> None:
         """Open the stream (grpc sends its metadata from the next loop turn on)."""
-        extensions = connect_metadata(
-            opening.mode, opening.recorded, None if base is None else base.token, mode=self._session_mode
-        )
+        mode, recorded, session_mode = opening.announced
+        extensions = connect_metadata(mode, recorded, None if base is None else base.token, mode=session_mode)
         try:
             # The turn's trace context rides along, so the harness's spans join the turn.
             self._call = self._link._harness_stub().Connect(metadata=(*outgoing_metadata(), *extensions))
@@ -800,7 +797,15 @@ def _nothing() -> None:
 _LIVE = "live"
 
 
-def _announced(sink: EventSink) -> tuple[str, int, str]:
+class _Announcement(NamedTuple):
+    """What a stream's metadata announces of its execution (agentsessions.sdk.extensions)."""
+
+    mode: str  # its run mode: live, recovery or replay
+    recorded: int  # the effects its journal holds
+    session_mode: str  # the session's mode ("": none)
+
+
+def _announced(sink: EventSink) -> _Announcement:
     """What a stream announces for ``sink``'s execution: its run mode and recorded effects (a
     re-run's, or live with none) and the session's mode, when the host's sink says."""
     replaying = recorded_results(sink)
@@ -809,16 +814,15 @@ def _announced(sink: EventSink) -> tuple[str, int, str]:
         mode, recorded = replaying.run_mode, replaying.recorded_effects
     else:
         mode, recorded = _LIVE, 0
-    return mode, recorded, session_mode if isinstance(session_mode, str) else ""
+    return _Announcement(mode, recorded, session_mode if isinstance(session_mode, str) else "")
 
 
 @dataclass(frozen=True, slots=True)
 class _Opening:
-    """What a stream's Start is made of: its metadata's mode, the frame's parts, and the session's
-    history with the base the harness may hold of it on the connection it was taken on."""
+    """What a stream's Start is made of: what its metadata announces, the frame's parts, and the
+    session's history with the base the harness may hold of it on the connection it was taken on."""
 
-    mode: str
-    recorded: int
+    announced: _Announcement
     envelope: harness_pb2.ControllerFrame
     body: harness_pb2.Start
     history: _History

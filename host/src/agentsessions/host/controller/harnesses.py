@@ -173,7 +173,7 @@ OpenAhead = Callable[[Start, str], Awaitable[Callable[[], None]]]
 
 
 async def open_ahead(
-    resolved: ResolvedHarness, start: Start, row: SessionRow, *, others_busy: int
+    resolved: ResolvedHarness, start: Start, row: SessionRow, *, others_busy: bool
 ) -> Callable[[], None] | None:
     """Open the stream of a new live execution of ``row``'s session before its first records are
     durable, where the harness can: the harness takes the call while the host commits them, and
@@ -187,7 +187,7 @@ async def open_ahead(
     (the call and its Start arriving apart) costs the machine CPU (bench/README.md, "The stream
     opened ahead")."""
     opener: OpenAhead | None = getattr(resolved.harness, "open_ahead", None)
-    if opener is None or others_busy > 0 or switch.enabled():
+    if opener is None or others_busy or switch.enabled():
         return None
     return await opener(start, session_mode(row))
 

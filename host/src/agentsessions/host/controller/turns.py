@@ -265,7 +265,7 @@ async def _execute(turn: Turn, relay: Relay) -> SessionView | None:
     # On an otherwise idle host the harness takes the stream's call while the first records are
     # committed; the Start goes on it once they are durable (and never, if they are not). Busy:
     # sessions in use besides this one (turns at any step, or Suspend, Resume, Approve).
-    abandon = await open_ahead(resolved, start, row, others_busy=len(core.guards) - 1)
+    abandon = await open_ahead(resolved, start, row, others_busy=len(core.guards) > 1)
     try:
         # The incarnation's fence is minted by its first append, in the same transaction: one
         # durable commit, and only the writer that wins the head supersedes the one before it.
