@@ -718,12 +718,71 @@ async def test_quiet_commits_and_row_lookups_run_on_the_loop_and_busy_ones_on_th
     assert [r.seq for r in await store.read("s")] == [1, 2]
 
 
-async def test_a_quiet_commit_never_waits_on_the_loop_for_another_writers_lock(
+async def test_a_busy_commits_statements_run_on_the_loop_and_only_its_commit_on_the_writers_thread(
     store: SqliteStore,
+) -> None:
+    # On the writer's thread every statement (and the body's Python) had to take the GIL back from
+    # the busy loop; only the fsync is worth a thread.
+    dialect = store._dialect
+    assert isinstance(dialect, sqlite_store._SqliteDialect)
+    store.work_inline_while(lambda: False)  # the loop is never quiet
+    await store.create_session(SessionRow(uid="s", project="p"))
+    seen: list[tuple[str, str]] = []
+    writer = dialect.writer.db
+    assert writer is not None
+    writer.set_trace_callback(
+        lambda sql: seen.append((sql.split()[0].upper(), threading.current_thread().name))
+    )
+    try:
+        await store.append("s", [inp("a"), inp("b")], expected_head=0, fence=0)
+    finally:
+        writer.set_trace_callback(None)
+    loop_thread = threading.current_thread().name
+    verbs = [verb for verb, _ in seen]
+    assert "INSERT" in verbs and verbs[-1] == "COMMIT"
+    assert all(thread == loop_thread for verb, thread in seen if verb != "COMMIT")
+    assert seen[-1][1] == "agentsessions-sqlite-writer"
+    assert dialect.writer.inline_jobs == 0
+    assert [r.seq for r in await store.read("s")] == [1, 2]
+    got = await store.get_session("s")
+    assert got is not None and got.last_seq == 2
+
+
+async def test_a_job_whose_caller_stopped_waiting_keeps_the_writer_until_it_ends(
+    store: SqliteStore,
+) -> None:
+    # A transaction's statements run on the loop only while the writer's thread has no job: one
+    # whose caller was cancelled still holds the connection until the thread answers it.
+    dialect = store._dialect
+    assert isinstance(dialect, sqlite_store._SqliteDialect)
+    await store.create_session(SessionRow(uid="s", project="p"))
+    release = threading.Event()
+    job = asyncio.ensure_future(dialect.writer.queued(lambda db: release.wait(30)))
+    for _ in range(1000):
+        if dialect.writer.in_flight:
+            break
+        await asyncio.sleep(0)
+    job.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await job
+    assert dialect.writer.in_flight == 1  # still running on the thread
+    append = asyncio.create_task(store.append("s", [inp("a")], expected_head=0, fence=0))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert not append.done()  # queued behind it on the writer's thread, not run here meanwhile
+    release.set()
+    await append
+    assert dialect.writer.in_flight == 0
+    assert [r.seq for r in await store.read("s")] == [1]
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "busy"])
+async def test_a_commit_never_waits_on_the_loop_for_another_writers_lock(
+    store: SqliteStore, quiet: bool
 ) -> None:
     dialect = store._dialect
     assert isinstance(dialect, sqlite_store._SqliteDialect)
-    store.work_inline_while(lambda: True)
+    store.work_inline_while(lambda: quiet)
     await store.create_session(SessionRow(uid="s", project="p"))
     other = sqlite3.connect(store.path, isolation_level=None)
     try:
