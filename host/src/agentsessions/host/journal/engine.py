@@ -142,7 +142,7 @@ class DialectStore:
         # answered while the dialect's change mark is still the one of that commit.
         self._rows: dict[str, SessionRow] = {}
         self._vouched: int | None = None
-        # The transaction on its way (set on the writer's thread before its COMMIT): the mark the
+        # The transaction on its way (set by its body, before its COMMIT): the mark the
         # rows stand at, the mark its commit will leave, and the sessions whose rows it changes.
         self._committing: tuple[int, int, frozenset[str]] | None = None
         self._queue: GroupCommit[_Write[Any]] | None = None
@@ -339,7 +339,8 @@ class DialectStore:
     async def _apply(
         self, tx: Transaction, batch: list[_Write[Any]], cache: dict[str, SessionHead]
     ) -> tuple[list[_Outcome], HeadView, bool]:
-        """The batch, in order, inside the dialect's transaction (on the SQLite writer's thread)."""
+        """The batch, in order, inside the dialect's transaction (SQLite: on the event loop's thread, or
+        on the writer's while another process holds the write lock)."""
         foreign = await tx.foreign_writes()
         view = HeadView({} if foreign else cache)
         if len(batch) == 1 and batch[0].request is not None:  # the common batch: one append
