@@ -800,9 +800,17 @@ async def test_a_commit_never_waits_on_the_loop_for_another_writers_lock(
     finally:
         other.close()
     assert [r.seq for r in await store.read("s")] == [1]
-    # The writer's own busy timeout is back after the attempt that did not wait.
-    timeout = await dialect.writer.queued(lambda db: db.execute("PRAGMA busy_timeout").fetchone()[0])
-    assert timeout == dialect.writer.busy_timeout_ms > 0
+
+    def busy_timeout(db: sqlite3.Connection) -> int:
+        return int(db.execute("PRAGMA busy_timeout").fetchone()[0])
+
+    # The transaction that waited for the lock did so with the writer's own busy timeout.
+    assert await dialect.writer.queued(busy_timeout) == dialect.writer.busy_timeout_ms > 0
+    # One that starts on the loop leaves it at 0 for the next; any other job sets it back first.
+    await store.append("s", [inp("b")], expected_head=1, fence=0)
+    assert await dialect.writer.queued(busy_timeout) == 0 and not dialect.writer.waits
+    assert await dialect.pragma("busy_timeout") == dialect.writer.busy_timeout_ms
+    assert dialect.writer.waits
 
 
 # -- decoded execution projections ---------------------------------------------------------------

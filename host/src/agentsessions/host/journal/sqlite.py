@@ -281,6 +281,9 @@ class _Connection:
         # Whether a job may run right here, on the event loop's thread (see ``here``).
         self.inline: Callable[[], bool] | None = None
         self.busy_timeout_ms = 0
+        # Whether the connection waits out another's lock now (its busy timeout is set) or fails at
+        # once (0, while its transactions start on the event loop's thread: see ``transaction``).
+        self.waits = True
         self.inline_jobs = 0  # jobs run on the event loop's thread (stats, tests)
 
     @classmethod
@@ -566,6 +569,10 @@ class _WriteLockHeld(Exception):
 
 def _transact(db: sqlite3.Connection, dialect: _SqliteDialect, body: Callable[[_Transaction], Any]) -> Any:
     """BEGIN IMMEDIATE (waiting for the write lock), the body, COMMIT: on the writer's thread."""
+    writer = dialect.writer
+    if not writer.waits:
+        db.execute(f"PRAGMA busy_timeout = {int(writer.busy_timeout_ms)}")
+        writer.waits = True
     db.execute("BEGIN IMMEDIATE")
     result, before = _run(db, dialect, body)
     _commit(db, dialect, before)
@@ -576,16 +583,20 @@ def _begin_and_run(
     db: sqlite3.Connection, dialect: _SqliteDialect, body: Callable[[_Transaction], Any]
 ) -> tuple[Any, int | None]:
     """On the event loop: BEGIN IMMEDIATE only if the write lock is free at once (else
-    _WriteLockHeld, and nothing is done), then the body; the caller commits (``_commit``)."""
-    db.execute("PRAGMA busy_timeout = 0")
+    _WriteLockHeld, and nothing is done), then the body; the caller commits (``_commit``).
+
+    The busy timeout stays 0 from one such transaction to the next (two statements fewer each):
+    the other jobs of the writer's connection set it back first (``_transact``, ``_waiting``)."""
+    writer = dialect.writer
+    if writer.waits:
+        db.execute("PRAGMA busy_timeout = 0")
+        writer.waits = False
     try:
         db.execute("BEGIN IMMEDIATE")
     except sqlite3.OperationalError as exc:
         if exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise _WriteLockHeld from exc
         raise
-    finally:
-        db.execute(f"PRAGMA busy_timeout = {int(dialect.writer.busy_timeout_ms)}")
     return _run(db, dialect, body)
 
 
@@ -618,6 +629,14 @@ def _commit(db: sqlite3.Connection, dialect: _SqliteDialect, before: int | None)
         dialect.committed_mark = None
     elif after != before:
         dialect.committed_mark = after
+
+
+def _waiting(db: sqlite3.Connection, connection: _Connection, work: Callable[..., _T], *args: Any) -> _T:
+    """``work(db, *args)`` with the connection's busy timeout set (see ``_begin_and_run``)."""
+    if not connection.waits:
+        db.execute(f"PRAGMA busy_timeout = {int(connection.busy_timeout_ms)}")
+        connection.waits = True
+    return work(db, *args)
 
 
 def _roll_back(db: sqlite3.Connection, dialect: _SqliteDialect) -> None:
@@ -892,7 +911,7 @@ class _SqliteDialect:
         return bytes(recs[0][0]) if recs else None
 
     async def pragma(self, name: str) -> int:
-        rows = await self.writer.run(_fetch_all, f"PRAGMA {name}", ())
+        rows = await self.writer.run(_waiting, self.writer, _fetch_all, f"PRAGMA {name}", ())
         return int(rows[0][0])
 
     async def schema_version(self) -> int:
