@@ -192,30 +192,3 @@ async def test_a_failed_start_releases_the_listener_that_started_and_closes_the_
     # The Sessions listener that did start was stopped: its port can be bound again.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as again:
         again.bind(("127.0.0.1", int(listen.rsplit(":", 1)[1])))
-
-
-def _open_requests() -> list[str]:
-    """What grpc.aio's serving tasks wait on: the next call of one registered method
-    (``_request_registered_call``), or of any method (``_request_call``)."""
-    names = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks() if not t.done()]
-    return sorted(n.rpartition(".")[2] for n in names if n.startswith("AioServer._request"))
-
-
-async def test_each_listener_waits_for_its_next_call_with_one_open_request(
-    running: Any, recorded: Recorded
-) -> None:
-    # A generated add_*_to_server registers each method too, and grpc.aio then keeps one open
-    # request a registered method and waits on all of them for every call it accepts. The host
-    # serves every method through the generic handlers alone, the registered ones included.
-    registry = f"127.0.0.1:{free_port()}"
-    host = running(HostConfig(listen="127.0.0.1:0", journal="memory:", registry_addr=registry))
-    sessions_address, registry_address = await host.bound()
-    assert _open_requests() == ["_request_call", "_request_call"]  # one for each listener
-    async with aio.insecure_channel(registry_address) as channel:
-        listed = await harness_registry_pb2_grpc.HarnessRegistryStub(channel).ListHarnesses(
-            harness_registry_pb2.ListHarnessesRequest(), timeout=30
-        )
-        assert list(listed.harnesses) == []
-    assert await health(sessions_address, SESSIONS) == health_pb2.HealthCheckResponse.SERVING
-    assert "grpc.reflection.v1alpha.ServerReflection" in await listed_services(sessions_address)
-    assert await host.finish() == 0

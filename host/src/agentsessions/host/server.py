@@ -18,12 +18,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from agentsessions.host import config as host_config
 from agentsessions.host import eventloop, health, logs
@@ -249,30 +248,6 @@ async def _stop_all(listeners: Sequence[_Serving], grace: float | None) -> None:
     await asyncio.gather(*(listener.stop(grace) for listener in listeners))
 
 
-class _GenericOnly:
-    """A server as the services are added to it: each served through its generic handler alone.
-
-    A generated ``add_*_to_server`` also registers every method of its service with the core, and
-    grpc.aio (1.85) then keeps a request open for the next call of each registered method and, for
-    every call it accepts, waits on all of them at once (``asyncio.wait`` over one task per
-    method, ~20 here, each checked by ``asyncio.iscoroutine`` through the ABC machinery). Through
-    the generic handlers (which the same function adds) one request waits: ~8 us less a call (a
-    loop accepting calls with 20 requests open took 18.3 us an accept, with 1 10.1 us)."""
-
-    __slots__ = ("_server",)
-
-    def __init__(self, server: aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        """Left to the generic handler added beside them, which serves the same methods."""
-
-
 class _Listener:
     """One gRPC server: the given services plus health and reflection, on one address (over TLS
     when ``tls`` is given)."""
@@ -292,13 +267,11 @@ class _Listener:
         self.server = aio.server(
             interceptors=[AccessLogInterceptor(), *interceptors], options=_SERVER_OPTIONS
         )
-        target = cast(aio.Server, _GenericOnly(self.server))
         for service in services:
-            service.add_to_server(target)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, target)
-        # The asyncio servicer named outright (enable_server_reflection picks it by the server's type).
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-            reflection.aio.ReflectionServicer([*names, health.SERVICE_NAME, reflection.SERVICE_NAME]), target
+            service.add_to_server(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
 
     async def start(self) -> None:

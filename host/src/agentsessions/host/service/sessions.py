@@ -302,8 +302,8 @@ def add_to_server(servicer: SessionsServicer, server: aio.Server) -> None:
             request_deserializer=request.FromString,
             response_serializer=serialize,
         )
-    # A generic handler only: see server._GenericOnly for why the methods are not registered.
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
     servicer.pre_encoded = True
 
 
