@@ -413,3 +413,15 @@ async def test_replay_streams_stored_records_and_is_empty_for_unknown(host: Host
     ]
     assert [r.seq for r in middle] == [2, 3]
     assert [r async for r in host.sessions.Replay(session_pb2.ReplayRequest(session="sess-nobody"))] == []
+
+
+async def test_each_sessions_method_has_a_request_of_its_own_open_for_its_next_call(
+    host: HostUnderTest,
+) -> None:
+    # grpc.aio takes one call a pass for each open request: served through one generic request,
+    # a ListSessions under 200 sessions' turns waited ~200 ms behind their Exec calls.
+    waiting = [getattr(t.get_coro(), "__qualname__", "") for t in asyncio.all_tasks() if not t.done()]
+    registered = sum(name == "AioServer._request_registered_call" for name in waiting)
+    assert registered >= len(session_pb2.DESCRIPTOR.services_by_name["Sessions"].methods)
+    listed = await host.sessions.ListSessions(session_pb2.ListSessionsRequest(), timeout=30)
+    assert list(listed.sessions) == []

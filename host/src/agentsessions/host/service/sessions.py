@@ -303,6 +303,9 @@ def add_to_server(servicer: SessionsServicer, server: aio.Server) -> None:
             response_serializer=serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    # Registered, each method has a request of its own open in the core: a ListSessions is accepted
+    # beside a queue of Exec calls instead of behind it (grpc.aio takes one call a pass for each
+    # open request). Served generically alone, a listing under 200 sessions' turns waited ~200 ms.
     server.add_registered_method_handlers(service.full_name, handlers)
     servicer.pre_encoded = True
 
