@@ -766,12 +766,21 @@ async def test_a_job_whose_caller_stopped_waiting_keeps_the_writer_until_it_ends
     with contextlib.suppress(asyncio.CancelledError):
         await job
     assert dialect.writer.in_flight == 1  # still running on the thread
-    append = asyncio.create_task(store.append("s", [inp("a")], expected_head=0, fence=0))
-    for _ in range(100):
-        await asyncio.sleep(0)
-    assert not append.done()  # queued behind it on the writer's thread, not run here meanwhile
-    release.set()
-    await append
+    writer = dialect.writer.db
+    assert writer is not None
+    statements: list[str] = []
+    writer.set_trace_callback(statements.append)
+    try:
+        append = asyncio.create_task(store.append("s", [inp("a")], expected_head=0, fence=0))
+        for _ in range(100):
+            await asyncio.sleep(0)
+        # Queued behind that job on the writer's thread: no statement of it ran here meanwhile.
+        assert statements == [] and not append.done()
+        release.set()
+        await append
+    finally:
+        writer.set_trace_callback(None)
+    assert "COMMIT" in statements
     assert dialect.writer.in_flight == 0
     assert [r.seq for r in await store.read("s")] == [1]
 
