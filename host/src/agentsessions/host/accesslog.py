@@ -29,9 +29,7 @@ Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandl
 class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self) -> None:
         # Each method's handler wrapped once: the request id is read in the call's own task.
-        self._logged = Wrapped(
-            lambda handler, method: around_handler(handler, functools.partial(_Logged, method))
-        )
+        self._logged = Wrapped(_logged)
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -41,9 +39,13 @@ class AccessLogInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         method: str = handler_call_details.method
         handler = await continuation(handler_call_details)
         if handler is None:
-            handler = grpc.stream_stream_rpc_method_handler(_unimplemented(method))
-            return around_handler(handler, functools.partial(_Logged, method))
+            # Made for this call alone: not kept.
+            return _logged(grpc.stream_stream_rpc_method_handler(_unimplemented(method)), method)
         return self._logged.get(handler, method)
+
+
+def _logged(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    return around_handler(handler, functools.partial(_Logged, method))
 
 
 class _Logged:

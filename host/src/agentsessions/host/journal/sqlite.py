@@ -569,10 +569,7 @@ class _WriteLockHeld(Exception):
 
 def _transact(db: sqlite3.Connection, dialect: _SqliteDialect, body: Callable[[_Transaction], Any]) -> Any:
     """BEGIN IMMEDIATE (waiting for the write lock), the body, COMMIT: on the writer's thread."""
-    writer = dialect.writer
-    if not writer.waits:
-        db.execute(f"PRAGMA busy_timeout = {int(writer.busy_timeout_ms)}")
-        writer.waits = True
+    _let_wait(db, dialect.writer)
     db.execute("BEGIN IMMEDIATE")
     result, before = _run(db, dialect, body)
     _commit(db, dialect, before)
@@ -633,10 +630,15 @@ def _commit(db: sqlite3.Connection, dialect: _SqliteDialect, before: int | None)
 
 def _waiting(db: sqlite3.Connection, connection: _Connection, work: Callable[..., _T], *args: Any) -> _T:
     """``work(db, *args)`` with the connection's busy timeout set (see ``_begin_and_run``)."""
+    _let_wait(db, connection)
+    return work(db, *args)
+
+
+def _let_wait(db: sqlite3.Connection, connection: _Connection) -> None:
+    """Set the connection's busy timeout back, where a transaction started on the loop left it 0."""
     if not connection.waits:
         db.execute(f"PRAGMA busy_timeout = {int(connection.busy_timeout_ms)}")
         connection.waits = True
-    return work(db, *args)
 
 
 def _roll_back(db: sqlite3.Connection, dialect: _SqliteDialect) -> None:
