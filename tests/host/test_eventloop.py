@@ -296,3 +296,44 @@ def test_serve_runs_on_the_accept_first_loop(monkeypatch: pytest.MonkeyPatch) ->
     assert server.serve_on_host_loop(HostConfig(journal="memory:")) == 0
     assert [type(loop) for loop in loops] == [AcceptFirstLoop]
     assert loops[0].is_closed()
+
+
+@pytest.mark.parametrize("accepting", [False, True])
+def test_call_soon_keeps_asyncios_checks(accepting: bool) -> None:
+    """The quick path skips nothing asyncio's call_soon checks: a closed loop raises, and in debug
+    mode a call from another thread or of something not callable raises."""
+    context = accepting_context() if accepting else None
+    loop = AcceptFirstLoop()
+    loop.set_debug(True)
+    try:
+        with pytest.raises(TypeError, match="callable"):
+            loop.call_soon("not callable", context=context)  # type: ignore[arg-type]
+        loop.call_soon(print, context=context).cancel()  # no thread check before the loop runs
+        errors: list[BaseException] = []
+
+        async def from_another_thread() -> None:
+            def call() -> None:
+                try:
+                    loop.call_soon(print, context=context)
+                except RuntimeError as exc:
+                    errors.append(exc)
+
+            await asyncio.to_thread(call)
+
+        loop.run_until_complete(from_another_thread())
+        assert [str(e) for e in errors] == [
+            "Non-thread-safe operation invoked on an event loop other than the current one"
+        ]
+    finally:
+        loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        loop.call_soon(print, context=context)
+
+
+def test_call_soon_on_the_quick_path_queues_a_plain_handle_in_order(loop: AcceptFirstLoop) -> None:
+    handles = [loop.call_soon(print, n) for n in range(3)]
+    assert list(loop._ready) == handles  # type: ignore[attr-defined]
+    assert all(type(h) is asyncio.Handle and h._source_traceback is None for h in handles)  # type: ignore[attr-defined]
+    assert all(h._context is not None for h in handles)  # type: ignore[attr-defined]
+    for h in handles:
+        h.cancel()

@@ -450,6 +450,52 @@ async def test_stalled_park_acknowledgement_is_bounded() -> None:
             await remote.run(*await begin(environment()))
 
 
+async def test_a_harness_silent_past_the_event_timeout_is_deadline_exceeded() -> None:
+    """Each wait for the harness's next event is bounded: before its first event, and between
+    events after a reply (the stream's one timer moves with each wait)."""
+    stalls_after = {"start": 0, "model reply": 1}
+
+    for where, events_first in stalls_after.items():
+
+        async def script(peer: Peer, n: int = events_first) -> AsyncIterator[common_pb2.Event]:
+            await peer.recv()
+            if n:
+                yield event(K.EVENT_MODEL_CALL, model=common_pb2.ModelCall(model="echo", id="m1"))
+                await peer.recv()  # the model's reply
+            await peer.recv()  # blocks until the host gives up and cancels the stream
+
+        env = environment()
+        async with linked(RawHarness(script), event_timeout=0.05) as remote:
+            with pytest.raises(HarnessUnavailableError, match=r"sent no event within 0\.05 s") as failure:
+                await remote.run(*await begin(env))
+        assert failure.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, where
+        kinds = [kind for kind, _ in journaled(env)]
+        assert kinds == (["MODEL_CALL", "OUTPUT", "USAGE"] if events_first else []), where
+
+
+async def test_a_cancel_of_the_caller_during_a_bounded_wait_stays_a_cancel() -> None:
+    """The bound takes back only its own cancel: the caller's cancel of a run waiting on the
+    harness is a cancel, not a timeout (tests/host/test_wait_bound.py has the bound's own cases)."""
+    reached = asyncio.Event()
+
+    async def script(peer: Peer) -> AsyncIterator[common_pb2.Event]:
+        await peer.recv()
+        reached.set()
+        await peer.recv()  # blocks until the stream is cut
+        yield end()
+
+    env = environment()
+    async with linked(RawHarness(script)) as remote:
+        running = asyncio.create_task(remote.run(*await begin(env)))
+        async with asyncio.timeout(10):
+            await reached.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    loop = asyncio.get_running_loop()
+    assert not [h for h in loop._scheduled if not h.cancelled()], "the stream's timer went with it"  # type: ignore[attr-defined]
+
+
 async def test_approval_without_session_is_refused_before_the_host_sink() -> None:
     env = environment()
     env.session = ""

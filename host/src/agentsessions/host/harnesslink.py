@@ -414,6 +414,7 @@ class _Bridge:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
+        self._watch: _WaitBound | None = None  # the bridge task's waits (made as it starts)
         self._cancel_reason: str | None = None
         # The stream ended as the protocol says (END, EOF or a park's closure): the harness ends
         # its side by itself, and its status may carry its history answer (see _PendingAnswer).
@@ -422,6 +423,7 @@ class _Bridge:
     async def run(self) -> None:
         outer = asyncio.current_task()
         self._task = asyncio.create_task(self._bridge())
+        watch = self._watch = _WaitBound(self._task)
         try:
             await self._task
         except asyncio.CancelledError:
@@ -434,6 +436,7 @@ class _Bridge:
                 raise ExecutionCancelledError(self._cancelled_message("")) from exc
             raise
         finally:
+            watch.close()
             call = self._call
             if call is not None and not call.done():
                 if self._ended:
@@ -456,7 +459,9 @@ class _Bridge:
             return
         with contextlib.suppress(*_LINK_FAILURES, TimeoutError):
             async with asyncio.timeout(grace):
-                await self._send(harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason=reason)))
+                await self._send(
+                    harness_pb2.ControllerFrame(cancel=harness_pb2.Cancel(reason=reason)), bridge=False
+                )
         await asyncio.wait({task}, timeout=grace)
         if not task.done():
             self._call.cancel()
@@ -718,23 +723,35 @@ class _Bridge:
                 f"expected stream closure after park acknowledgement, got {_kind_name(after.kind)}"
             )
 
-    async def _send(self, frame: harness_pb2.ControllerFrame) -> None:
+    async def _send(self, frame: harness_pb2.ControllerFrame, *, bridge: bool = True) -> None:
         frame.session = self._start.session
         frame.execution_id = self._start.execution_id
-        await self._write(frame)
+        await self._write(frame, bridge=bridge)
 
-    async def _write(self, frame: harness_pb2.ControllerFrame | bytes) -> None:
+    async def _write(self, frame: harness_pb2.ControllerFrame | bytes, *, bridge: bool = True) -> None:
+        """Write one frame, bounded by ``event_timeout``: from the bridge's own task (``bridge``)
+        by its stream's :class:`_WaitBound`, from another task (a cancel) by a timeout of its own."""
         call = self._call
         assert call is not None
+        bound = self._link._event_timeout
+        watch = self._watch if bridge else None
         async with self._write_lock:
             try:
-                async with asyncio.timeout(self._link._event_timeout):
-                    await call.write(frame)
+                if watch is not None:
+                    watch.arm(bound)
+                    try:
+                        await call.write(frame)
+                    finally:
+                        watch.disarm()
+                else:
+                    async with asyncio.timeout(bound):
+                        await call.write(frame)
+            except asyncio.CancelledError:
+                if watch is None or not watch.expired():
+                    raise
+                raise self._no_frame_accepted(bound) from None
             except TimeoutError:
-                raise HarnessUnavailableError(
-                    f"harness at {self._link.address} accepted no frame within {self._link._event_timeout} s",
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                ) from None
+                raise self._no_frame_accepted(bound) from None
             except grpc.aio.AioRpcError as exc:
                 raise _status_error(
                     exc.code(), exc.details() or "", self._link.address, writing=True
@@ -745,21 +762,32 @@ class _Bridge:
                 details = await call.details()
                 raise _status_error(code, details, self._link.address, writing=True) from exc
 
+    def _no_frame_accepted(self, bound: float | None) -> HarnessUnavailableError:
+        return HarnessUnavailableError(
+            f"harness at {self._link.address} accepted no frame within {bound} s",
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
+
     async def _receive(self, bound: float | None, what: str) -> common_pb2.Event | None:
+        """The harness's next event (None at EOF), read by the bridge's task within ``bound``."""
         call = self._call
         assert call is not None
+        watch = self._watch
+        assert watch is not None
+        watch.arm(bound)
         try:
-            async with asyncio.timeout(bound):
-                message = await call.read()
-        except TimeoutError:
-            raise HarnessUnavailableError(
-                f"harness at {self._link.address} sent no {what} within {bound} s",
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            ) from None
+            message = await call.read()
         except grpc.aio.AioRpcError as exc:
             raise _stream_error(exc, self._link.address) from exc
         except asyncio.CancelledError as exc:
+            if watch.expired():
+                raise HarnessUnavailableError(
+                    f"harness at {self._link.address} sent no {what} within {bound} s",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ) from None
             _reraise_cut(exc, self._link.address, "the Connect stream")
+        finally:
+            watch.disarm()
         if message is grpc.aio.EOF:
             return None
         if isinstance(message, _Undecodable):
@@ -780,6 +808,73 @@ def _reraise_cut(exc: asyncio.CancelledError, address: str, what: str) -> NoRetu
     raise HarnessUnavailableError(
         f"harness at {address}: {what} was cut on this side (its channel closed)", grpc.StatusCode.UNAVAILABLE
     ) from None
+
+
+class _WaitBound:
+    """Bounds each wait of one bridge's task on its stream (``event_timeout``, ``ack_timeout``)
+    with one timer for the whole stream, where ``asyncio.timeout`` takes a timer of its own for
+    every read and write (four a turn: ~4 us each, and a heap of cancelled timers on the loop).
+
+    :meth:`arm` before a wait and :meth:`disarm` after it only move a deadline; the timer, when it
+    fires, looks at the wait then in progress: past its deadline, the task is cancelled (and
+    :meth:`expired` says so, as ``asyncio.timeout`` turns its own cancel into TimeoutError); not
+    yet, it is set again for that deadline; none, it is dropped until the next wait. A wait with a
+    nearer deadline than the timer's moves the timer. :meth:`close` drops it with the stream."""
+
+    __slots__ = ("_cancelling", "_deadline", "_fired", "_loop", "_task", "_timer", "_timer_at")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self._loop = task.get_loop()
+        self._task = task
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._fired = False
+        self._cancelling = 0
+
+    def arm(self, bound: float | None) -> None:
+        if bound is None:
+            self._deadline = None
+            return
+        deadline = self._loop.time() + bound
+        self._deadline = deadline
+        self._cancelling = self._task.cancelling()
+        timer = self._timer
+        if timer is None or deadline < self._timer_at:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(deadline, self._due)
+            self._timer_at = deadline
+
+    def disarm(self) -> None:
+        self._deadline = None
+
+    def expired(self) -> bool:
+        """After a CancelledError out of the armed wait: whether this bound cancelled it (and no
+        one else did too; then the task's cancel is taken back, as ``asyncio.timeout`` does)."""
+        if not self._fired:
+            return False
+        self._fired = False
+        return self._task.uncancel() <= self._cancelling
+
+    def close(self) -> None:
+        self._deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None or self._task.done():
+            return
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._due)
+            self._timer_at = deadline
+            return
+        self._deadline = None
+        self._fired = True
+        self._task.cancel()
 
 
 class _Marker:

@@ -151,7 +151,11 @@ def _encode(p: ExecProjection) -> str:
         if latest.tools:
             entry["tools"] = [[t.id, t.approval, t.request_seq] for t in latest.tools]
         body["latest"] = entry
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return _compact(body)
+
+
+# Made once: json.dumps with keywords builds an encoder at every call (a row is encoded per record).
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _sealed(p: ExecProjection) -> ExecProjection:
