@@ -10,6 +10,7 @@ to context variables is therefore seen by the handler and by the tasks it starts
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -88,6 +89,8 @@ async def responses_of(behavior: Behavior, request: Any, context: aio.ServicerCo
     ``context.write()``). The caller iterates them itself: a generator re-yielding an async
     iterator's items was one more frame resumed for every message of every stream."""
     responses = behavior(request, context)
+    if type(responses) is types.AsyncGeneratorType:  # the usual form: no ABC checks for it
+        return responses
     if inspect.isawaitable(responses):
         # A handler that writes with context.write() and returns nothing.
         responses = await responses
