@@ -28,11 +28,16 @@ async def waiter(started: asyncio.Event, release: asyncio.Future[None]) -> str:
     return "released"
 
 
-async def test_one_timer_serves_every_wait_of_the_stream() -> None:
+async def waiting() -> tuple[asyncio.Task[str], asyncio.Future[None], _WaitBound]:
+    """A task waiting until ``release`` is set, and a bound on its waits."""
     started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
     task = asyncio.create_task(waiter(started, release))
     await started.wait()
-    bound = _WaitBound(task)
+    return task, release, _WaitBound(task)
+
+
+async def test_one_timer_serves_every_wait_of_the_stream() -> None:
+    task, release, bound = await waiting()
     scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
     before = len(scheduled)
     for _ in range(100):
@@ -51,10 +56,7 @@ async def test_one_timer_serves_every_wait_of_the_stream() -> None:
 
 
 async def test_an_expired_wait_is_cancelled_and_said_so() -> None:
-    started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(waiter(started, release))
-    await started.wait()
-    bound = _WaitBound(task)
+    task, _release, bound = await waiting()
     bound.arm(0.0)
     assert await task == "cancelled"
     assert bound.expired()
@@ -63,10 +65,7 @@ async def test_an_expired_wait_is_cancelled_and_said_so() -> None:
 
 
 async def test_a_timer_that_fires_between_waits_cancels_nothing() -> None:
-    started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(waiter(started, release))
-    await started.wait()
-    bound = _WaitBound(task)
+    task, release, bound = await waiting()
     bound.arm(0.0)
     bound.disarm()  # the wait ended before the timer's pass
     fired = asyncio.Event()
@@ -79,10 +78,7 @@ async def test_a_timer_that_fires_between_waits_cancels_nothing() -> None:
 
 
 async def test_a_later_deadline_keeps_the_timer_and_is_set_again_when_it_fires() -> None:
-    started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(waiter(started, release))
-    await started.wait()
-    bound = _WaitBound(task)
+    task, release, bound = await waiting()
     bound.arm(0.0)  # the timer: the next pass
     bound.arm(600.0)  # a new wait, far off: the timer stays where it was
     fired = asyncio.Event()
@@ -100,10 +96,7 @@ async def test_a_later_deadline_keeps_the_timer_and_is_set_again_when_it_fires()
 async def test_a_cancel_from_elsewhere_in_the_same_pass_is_not_taken_back(cancel_first: bool) -> None:
     """The bound expires and someone else cancels the task before it runs again: the task is
     still cancelled (asyncio.timeout's rule), whichever came first."""
-    started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(waiter(started, release))
-    await started.wait()
-    bound = _WaitBound(task)
+    task, _release, bound = await waiting()
     if cancel_first:
         task.cancel()
         bound.arm(0.0)
@@ -116,10 +109,7 @@ async def test_a_cancel_from_elsewhere_in_the_same_pass_is_not_taken_back(cancel
 
 
 async def test_a_finished_task_is_left_alone() -> None:
-    started, release = asyncio.Event(), asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(waiter(started, release))
-    await started.wait()
-    bound = _WaitBound(task)
+    task, release, bound = await waiting()
     bound.arm(0.0)
     release.set_result(None)
     assert await task == "released"
