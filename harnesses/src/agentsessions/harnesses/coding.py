@@ -60,7 +60,6 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.harnesses.coding_tools import (
@@ -86,6 +85,7 @@ from agentsessions.sdk import (
 )
 from agentsessions.sdk.cli import serve_main
 from agentsessions.sdk.modes import READ_ONLY, SUBPROCESS, WRITE, with_tool_classes
+from agentsessions.sdk.structs import struct
 
 MODES = ("plan", "ask-before", "allow-edits", "auto")
 DEFAULT_MODE = "ask-before"
@@ -181,7 +181,7 @@ class CodingConfigError(ValueError):
     """The execution config is not a coding config; the message names the key and the rule."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class CodingConfig:
     """One execution's settings, after defaults."""
 

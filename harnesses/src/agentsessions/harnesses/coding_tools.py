@@ -32,9 +32,10 @@ import contextlib
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentsessions.sdk.structs import struct
 
 READ_LIMIT_BYTES = 256 * 1024
 LIST_LIMIT = 1000
@@ -75,7 +76,7 @@ def _seconds(args: Mapping[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Workspace:
     """A directory the tools act in; every path argument is resolved inside it."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from grpc import aio
 
@@ -43,6 +43,7 @@ from agentsessions.host.service.result_schema import ResultSchemaInterceptor
 from agentsessions.host.telemetry import TracedModel, TracedTools
 from agentsessions.host.telemetry import switch as telemetry_switch
 from agentsessions.host.tools.config import tools_config_from_flags
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.tls import TLSFilesError
 from agentsessions.v1 import harness_registry_pb2_grpc
 
@@ -55,7 +56,7 @@ class StartupError(Exception):
     the listen address taken, ...)."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Service:
     """One gRPC service: its full name (for reflection and health) and how to add it to a server."""
 
@@ -63,7 +64,7 @@ class Service:
     add_to_server: Callable[[aio.Server], None]
 
 
-@dataclass
+@struct
 class App:
     services: list[Service]
     admin_services: list[Service] = field(default_factory=list)

@@ -10,14 +10,15 @@ authenticating host refuses (fail closed), and an open host (no ``--auth-tokens`
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from agentsessions.sdk.structs import struct
 
 if TYPE_CHECKING:  # the auth package imports this module: no import cycle at run time
     from agentsessions.host.auth.principals import Principal
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class CallContext:
     """The caller of one RPC: its authenticated principal (None: nobody authenticated it)."""
 

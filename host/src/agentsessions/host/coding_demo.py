@@ -15,7 +15,6 @@ import json
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from grpc import aio
@@ -29,6 +28,7 @@ from agentsessions.host.journal import canon, open_store
 from agentsessions.host.models.scripted import ScriptedModel, assistant_tool_calls, tool_call_part
 from agentsessions.host.service.sessions import SessionsServicer
 from agentsessions.host.tools import PythonCallableExecutor, ToolRegistry
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 K = common_pb2.EventKind
@@ -48,7 +48,7 @@ def scripted_model() -> ScriptedModel:
     )
 
 
-@dataclass
+@struct
 class CodingHost:
     controller: Controller
     model: ScriptedModel

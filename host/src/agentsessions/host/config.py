@@ -13,7 +13,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, TypedDict, cast
 
 from agentsessions.host import addresses
@@ -26,6 +26,7 @@ from agentsessions.host.controller.subagents import SubagentSettings
 from agentsessions.host.journal import JournalKind, JournalLocationError, parse_location
 from agentsessions.host.models import openai
 from agentsessions.host.models.policy import RetryPolicy
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.tls import ClientTLS, ServerTLS
 
 ENV_PREFIX = "AGENTSESSIONS_"
@@ -66,7 +67,7 @@ class ConfigError(ValueError):
     """A configuration value breaks a rule; the message names the flag."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class HostConfig:
     """Everything ``agentsessions serve`` needs to start. Construct directly in tests."""
 
@@ -885,7 +886,7 @@ class ModelProviderOptions(TypedDict):
     retry: RetryPolicy
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ModelTransportConfig:
     """How long the OpenAI-compatible provider waits, and how often it retries a 429, 5xx or
     connection error (with backoff and jitter, honouring Retry-After)."""

@@ -42,7 +42,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import grpc
@@ -58,6 +57,7 @@ from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledErro
 from agentsessions.sdk.extensions import HISTORY_HELD, connect_metadata
 from agentsessions.sdk.harness import EventSink, Start, approval_details, message_text, recorded_results
 from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.tls import open_channel
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
@@ -393,7 +393,7 @@ class RemoteHarness:
         await self.close()
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class _Described:
     """A descriptor, the connection it was given on, and when it stops serving admissions."""
 
@@ -912,7 +912,7 @@ def _announced(sink: EventSink) -> _Announcement:
     return _Announcement(mode, recorded, session_mode if isinstance(session_mode, str) else "")
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class _Opening:
     """What a stream's Start is made of: what its metadata announces, the frame's parts, and the
     session's history with the base the harness may hold of it on the connection it was taken on."""
@@ -938,7 +938,7 @@ class _NoSink:
 _NO_SINK: Any = _NoSink()
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class HeldBase:
     """What the harness said it holds of a session's history: the events sent with the Start
     ``token``, on connection ``connection`` of the channel."""
@@ -948,7 +948,7 @@ class HeldBase:
     connection: int
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class _PendingAnswer:
     """A session's last Connect stream and, when its Start asked the harness to hold the
     session's history (``agentsessions-history-base``), what the harness holds if it answers
@@ -1100,7 +1100,7 @@ def _kind_name(kind: int) -> str:
         return f"EventKind({kind})"
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class _Undecodable:
     """A harness message the protobuf runtime refused; ``why`` names the field and the rule."""
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final
 
 from agentsessions.host.controller.errors import ResourceExhaustedError
+from agentsessions.sdk.structs import struct
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -52,7 +53,7 @@ class LimitsError(ValueError):
     """A limit's value breaks a rule; the message names the flag."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class _Flag:
     flag: str
     attr: str
@@ -93,7 +94,7 @@ _RETIRED: Final = {
 }
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Limits:
     """The limits one host enforces (see the module docstring); the flags' defaults are these."""
 
@@ -173,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--" + attr.replace("_", "-"), dest=attr, help=argparse.SUPPRESS)
 
 
-@dataclass
+@struct
 class ExecutionSlots:
     """Executions running on this host, in all and per project, bounded by the limits."""
 

@@ -13,10 +13,11 @@ pre-encoded (``ExecUpdate`` records, Start frames with their history).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from google.protobuf import descriptor as d
+
+from agentsessions.sdk.structs import struct
 
 __all__ = ["MAX_DEPTH", "Fault", "explain", "fault", "varint"]
 
@@ -42,7 +43,7 @@ _WIRE_TYPE: Final = {
 }
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Fault:
     """The first rule the bytes break: ``path`` names the field ("" for the message itself)."""
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, Final
 
 from google.protobuf import descriptor as d
 from google.protobuf import message, struct_pb2
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = ["MAX_STRUCT_DEPTH", "Fault", "fault"]
@@ -43,7 +43,7 @@ _TOKEN_FIELDS: Final = ("input_tokens", "output_tokens", "reasoning_tokens")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Fault:
     """The first field that breaks a rule, as a path below the checked message."""
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agentsessions.sdk.convert import ConversionError, check_json
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.types import (
     DataPart,
     FilePart,
@@ -441,14 +442,14 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-@dataclass
+@struct
 class _PendingToolCall:
     call_id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
 
 
-@dataclass
+@struct
 class ChatCompletionStream:
     """Accumulates a streamed chat completion chunk by chunk (``chat.completion.chunk`` objects)."""
 

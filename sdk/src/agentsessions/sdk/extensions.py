@@ -68,9 +68,9 @@ Records with ``actor.principal == "host:results"`` (:data:`RESULTS_PRINCIPAL`)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from agentsessions.sdk.modes import MODES
+from agentsessions.sdk.structs import struct
 
 RUN_MODE = "agentsessions-run"
 RESULTS_PRINCIPAL = "host:results"
@@ -89,7 +89,7 @@ REPLAY = "replay"
 _MODES = frozenset({RECOVERY, REPLAY})
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ConnectExtensions:
     """What the host announced on one Connect call."""
 

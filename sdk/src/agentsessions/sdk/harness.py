@@ -18,10 +18,11 @@ to have the run cancelled as a task at once. Without the hook the run is cancell
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from agentsessions.sdk.extensions import COMPACTION_PRINCIPAL, RESULTS_PRINCIPAL, SUMMARY_PREFIX
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ _LIFECYCLE = common_pb2.EVENT_LIFECYCLE
 _BASELINE = common_pb2.Lifecycle.LIFECYCLE_BASELINE
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Start:
     """Everything one execution needs, as the host sends it in the Start frame."""
 

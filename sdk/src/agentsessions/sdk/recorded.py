@@ -5,9 +5,9 @@ the host's sink and this SDK's scripted host (``agentsessions.sdk.testing``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 __all__ = ["Effect", "MalformedEffectsError", "pair_effects", "recorded_completion"]
@@ -19,7 +19,7 @@ class MalformedEffectsError(ValueError):
     """An execution's records do not pair into effects; the message names the record."""
 
 
-@dataclass
+@struct
 class Effect:
     """One recorded effect of an execution, as the harness's sink call would consume it."""
 

@@ -8,13 +8,13 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
 
 from agentsessions.sdk.harness import Harness, require_harness
 from agentsessions.sdk.limits import MAX_MESSAGE_BYTES, MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.servicer import HarnessServicer, add_to_server
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.tls import ServerTLS, add_port
 
 # The server options every harness server uses (the old name, kept for importers).
@@ -22,7 +22,7 @@ GRPC_OPTIONS = MESSAGE_SIZE_OPTIONS
 __all__ = ["GRPC_OPTIONS", "MAX_MESSAGE_BYTES", "HarnessServer", "run_server", "serve", "start_server"]
 
 
-@dataclass
+@struct
 class HarnessServer:
     """A running harness server: the address it is bound to and how to stop it."""
 

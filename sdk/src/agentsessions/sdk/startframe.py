@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, overload
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 _PACKAGE = "agentsessions.sdk.startframe"
@@ -96,7 +96,7 @@ def history_fields(start_view: Any) -> bytes:
     return bytes(rest.SerializeToString())
 
 
-@dataclass(frozen=True, eq=False)
+@struct(frozen=True, eq=False)
 class HeldHistory:
     """A session's history as one Start delivered it: the held history it extended (``base``),
     then this Start's own encoded events."""

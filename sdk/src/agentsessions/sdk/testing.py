@@ -30,7 +30,6 @@ import dataclasses
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.sdk import convert
@@ -47,6 +46,7 @@ from agentsessions.sdk.execution import tool_result_of
 from agentsessions.sdk.harness import Harness, Start, message_text, require_harness
 from agentsessions.sdk.inputhash import model_input_hash
 from agentsessions.sdk.recorded import Effect, pair_effects, recorded_completion
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.types import Message, ModelCall, ModelResult, Part, TextPart, ToolCall, ToolResult
 from agentsessions.v1 import common_pb2, harness_pb2
 
@@ -70,7 +70,7 @@ class SimulatedCrash(BaseException):
     """Unwinds a harness as if its process died (raised by ``run(..., crash_after=N)``)."""
 
 
-@dataclass
+@struct
 class Outcome:
     """How one execution ended: "COMPLETED", "FAILED", "CANCELED", "PARKED" or "CRASHED"."""
 
@@ -89,7 +89,7 @@ class Outcome:
         return [common_pb2.EventKind.Name(e.kind).removeprefix("EVENT_") for e in self.events]
 
 
-@dataclass
+@struct
 class ReplayReport:
     """What a replay of every completed execution did (model_calls is 0 when it succeeded)."""
 

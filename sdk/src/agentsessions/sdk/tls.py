@@ -14,11 +14,12 @@ Files are PEM. A file that cannot be read, or does not hold what it should, rais
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc import aio
+
+from agentsessions.sdk.structs import struct
 
 __all__ = ["ClientTLS", "ServerTLS", "TLSFilesError", "add_port", "open_channel"]
 
@@ -43,7 +44,7 @@ def _read(path: str, role: str, marker: bytes) -> bytes:
     return data
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ServerTLS:
     """A listener's certificate chain and key; with ``client_ca_file`` clients must present a
     certificate that chains to it (mutual TLS), and calls without one are refused in the handshake."""
@@ -67,7 +68,7 @@ class ServerTLS:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ClientTLS:
     """How a channel verifies its server (``ca_file``, else the system roots) and, for mutual
     TLS, the client's own certificate chain and key (both or neither)."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from agentsessions.sdk.structs import struct
 
 
 class Mediation(enum.IntEnum):
@@ -59,14 +61,14 @@ def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else tuple(value)
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class TextPart:
     """Plain text."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class FilePart:
     """A file, inline (``data``) or by reference (``uri``); at most one of the two."""
 
@@ -77,14 +79,14 @@ class FilePart:
     digest: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class DataPart:
     """JSON-shaped structured data (None: the part carries no object)."""
 
     data: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ReasoningPart:
     """Provider reasoning, kept verbatim so it can be handed back on later calls."""
 
@@ -102,7 +104,7 @@ class ReasoningPart:
         object.__setattr__(self, "summary", _tuple(self.summary))
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ToolCall:
     """A tool invocation: proposed by a model (a part of its completion) or made by the harness.
 
@@ -118,7 +120,7 @@ class ToolCall:
     idempotency_key: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ApprovalDecision:
     """The recorded decision behind an approval receipt (transport only: never reported back)."""
 
@@ -127,7 +129,7 @@ class ApprovalDecision:
     request_seq: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ToolResult:
     """The outcome of a tool call. ``output`` is structured output (None: none), ``content`` the
     output as parts. The receipt fields (``code``, ``approval_*_seq``) are host-owned: a harness
@@ -175,7 +177,7 @@ class ToolResult:
 Part = TextPart | FilePart | DataPart | ReasoningPart | ToolCall | ToolResult
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class Message:
     """A message in a conversation: a role ("user", "assistant", "system" or "tool") and parts."""
 
@@ -217,7 +219,7 @@ class Message:
         return tuple(p for p in self.parts if isinstance(p, ToolResult))
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ToolDefinition:
     """A tool offered to the model: its name, description and JSON Schema of the arguments."""
 
@@ -226,7 +228,7 @@ class ToolDefinition:
     schema: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ToolChoice:
     """How the model may use the tools; ``name`` picks one tool (with REQUIRED)."""
 
@@ -234,7 +236,7 @@ class ToolChoice:
     name: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class Usage:
     """Token accounting for model work."""
 
@@ -244,7 +246,7 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ModelCall:
     """A model request as the harness builds it. ``params`` are provider parameters as strings
     (the chat-completions convention: a body field's name and its JSON text, ``{"temperature":
@@ -261,7 +263,7 @@ class ModelCall:
         object.__setattr__(self, "tools", _tuple(self.tools))
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ModelResult:
     """A completion: the assistant message (journaled as OUTPUT) and its usage, when known."""
 
@@ -276,7 +278,7 @@ class ModelResult:
         return self.message.tool_calls
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ToolSpec:
     """A tool the harness may call, and who runs it."""
 
@@ -285,7 +287,7 @@ class ToolSpec:
     mediation: Mediation = Mediation.IN_HARNESS_REPORTED
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class HarnessDescriptor:
     """What a harness says about itself (``agentsessions.v1.HarnessDescriptor`` with its
     ``Capabilities`` flattened). ``version`` is recorded with every execution and checked on

@@ -34,10 +34,10 @@ import json
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 READER = "reader"
@@ -66,7 +66,7 @@ class AuthFileError(ValueError):
     """The token file cannot be read or breaks a rule; the message names the file and the entry."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Principal:
     """An authenticated caller: who (journaled as the actor), where (projects) and what (roles)."""
 

@@ -15,7 +15,6 @@ runs on another host is busy (ABORTED), as it is when it runs here.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentsessions.host.controller.errors import (
@@ -31,6 +30,7 @@ from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.live import RETRY, KeyRecord, LiveStore
 from agentsessions.host.journal.store import ConflictError, FencedError, SessionRow
 from agentsessions.host.telemetry.genai import journal_append
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 if TYPE_CHECKING:  # the Core holds an Admission: no import cycle at run time
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the Core holds an Admission: no import cycle at run time
     from agentsessions.host.controller.turns import ExecParams
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Ticket:
     """What a turn's admission carries besides its request (set by the host, never by a client)."""
 
@@ -232,7 +232,7 @@ def _awaits_decision(events: Sequence[common_pb2.Event], executions: list[Execut
     return open_gate(events, executions) is not None
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class _HeldWithFollowers:
     """Holds a model call's frames for the Exec stream and for the session's followers alike."""
 

@@ -67,7 +67,7 @@ import re
 import time
 import tomllib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ from google.protobuf import json_format
 
 from agentsessions.host.controller.eventlog import last_of_kind
 from agentsessions.sdk.modes import MODES
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 K = common_pb2.EventKind
@@ -97,7 +98,7 @@ class ApprovalPolicyError(ValueError):
     """The policy file breaks a rule; the message names where."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Rule:
     """One policy rule: which calls it matches and what it decides."""
 
@@ -120,7 +121,7 @@ class Rule:
         return True
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ProjectPolicy:
     """The rules and settings of one scope (a project, or every project)."""
 
@@ -130,7 +131,7 @@ class ProjectPolicy:
     mode: str | None = None  # None: as the enclosing scope says (default: no mode)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class GateDecision:
     """A decision the host makes: journaled as an APPROVAL_RESULT with the host as actor."""
 
@@ -304,7 +305,7 @@ class ApprovalPolicy:
         return decision.event(execution_id, tool_call_id, request_seq)
 
 
-@dataclass
+@struct
 class SessionGate:
     """The policy as one session's execution sink consults it when a request is made."""
 

@@ -4,8 +4,6 @@ recovered), and what recovery does with a gate before it re-drives the parked ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from google.protobuf import timestamp_pb2
 
 from agentsessions.host.callcontext import CallContext
@@ -16,12 +14,13 @@ from agentsessions.host.controller.executions import Execution, latest_execution
 from agentsessions.host.controller.state import Gate, SessionView, open_gate
 from agentsessions.host.controller.writer import OnRecord
 from agentsessions.host.journal.store import SessionRow
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 K = common_pb2
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Decision:
     """A person's decision on one approval request (the Approve call)."""
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from agentsessions.host.callcontext import CallContext
@@ -42,6 +41,7 @@ from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelError, ModelProvider
 from agentsessions.sdk.extensions import COMPACTION_PRINCIPAL
 from agentsessions.sdk.harness import conversation, message_text, text_message
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 if TYPE_CHECKING:  # the Core holds the Compactor: no import cycle at run time
@@ -64,7 +64,7 @@ INSTRUCTION: Final = (
 ASK: Final = "Summarize the conversation above."
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class CompactionSettings:
     """``above_events``: compact before a turn whose history since the latest baseline holds more
     events than this (0: never by itself); ``above_bytes``: ... or more bytes of encoded events
@@ -75,7 +75,7 @@ class CompactionSettings:
     model: str = ""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Compacted:
     view: SessionView
     baseline: common_pb2.LogRecord

@@ -9,7 +9,6 @@ running turns; nothing else is mutable here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentsessions.host.controller.access import SessionAccess
@@ -25,12 +24,13 @@ from agentsessions.host.controller.sinks import SinkFactory
 from agentsessions.host.controller.writer import JournalWriter
 from agentsessions.host.journal.store import JournalStore
 from agentsessions.host.limits import ExecutionSlots, Limits
+from agentsessions.sdk.structs import struct
 
 if TYPE_CHECKING:  # compaction imports the controller's sessions module, which imports the Core
     from agentsessions.host.controller.compaction import Compactor
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Core:
     store: JournalStore  # the authority; read through the cache, written through the writer
     cache: JournalCache

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import session_pb2
 
 DeltaSink = Callable[[session_pb2.Delta], Awaitable[None]]
@@ -26,7 +26,7 @@ DEFAULT_MAX_BYTES = 1024
 DEFAULT_MAX_DELAY_S = 0.2
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class DeltaBatching:
     """When a batch of streamed text becomes a frame: ``max_bytes`` waiting, or ``max_delay_s``
     after its first piece."""

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from agentsessions.host import logs
@@ -48,6 +47,7 @@ from agentsessions.host.controller.turns import ExecParams, Update
 from agentsessions.host.journal.feed import SessionDeleted
 from agentsessions.host.journal.live import KeyRecord, Lease, LiveStore, QueuedTurn, QueuedTurnGone
 from agentsessions.host.journal.store import SessionNotFoundError, SessionRow, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -66,7 +66,7 @@ CancelChild = Callable[[str, str, CallContext], Awaitable[None]]
 Busy = Literal["here", "elsewhere", "parked", "queued", "interrupted"]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Submitted:
     """Where an admitted (or queued) turn stands."""
 

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.host import logs
@@ -40,6 +39,7 @@ from agentsessions.host.telemetry.genai import traced_turn
 from agentsessions.host.tools.errors import MissingToolExecutorError
 from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledError, find_park
 from agentsessions.sdk.harness import Harness, Start
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -49,7 +49,7 @@ K = common_pb2
 LK = common_pb2.Lifecycle
 
 
-@dataclass
+@struct
 class RunningTurn:
     """A turn this host is driving: its task, and how Cancel asks it to stop."""
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
 from agentsessions.sdk.recorded import Effect as Effect  # re-exported: the controller reads effects from here
 from agentsessions.sdk.recorded import MalformedEffectsError, pair_effects
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
@@ -45,7 +46,7 @@ _EXECUTION_KINDS = frozenset(
 Indexes = list[int] | tuple[int, ...] | range
 
 
-@dataclass(slots=True)
+@struct(slots=True)
 class Execution:
     """One turn of a session as the journal recorded it.
 

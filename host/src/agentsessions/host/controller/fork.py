@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import compute, sessions
@@ -16,12 +16,13 @@ from agentsessions.host.controller.sessions import new_session_uid
 from agentsessions.host.controller.state import SessionView
 from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import ConflictError, FencedError, SessionRow
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 MAX_FORK_CHILDREN = 128
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ForkParams:
     at_seq: int = 0  # <= 0: the parent's head
     count: int = 1  # <= 0: one child

@@ -17,12 +17,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from agentsessions.host.controller.errors import SessionBusyError
+from agentsessions.sdk.structs import struct
 
 
-@dataclass
+@struct
 class ArmedCancel:
     """A Cancel that found the session held with no turn driven: the holder's next turn ends
     CANCELED before its harness runs (``execution_id``: only that one)."""
@@ -39,7 +40,7 @@ class ArmedCancel:
         return self.reason
 
 
-@dataclass
+@struct
 class _Slot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0  # holders and waiters; the slot is dropped when it reaches 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from agentsessions.host.controller.errors import (
@@ -21,6 +20,7 @@ from agentsessions.host.journal.store import JournalStore, SessionRow
 from agentsessions.host.runtime import InProcessRuntime, RemoteRuntime, Runtime, placement_refusal
 from agentsessions.host.telemetry import switch
 from agentsessions.sdk.harness import EventSink, Harness, Start
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import harness_pb2, harness_registry_pb2
 
 DESCRIBE_TIMEOUT_S = 10.0
@@ -60,7 +60,7 @@ class BuiltinHarness:
         return getattr(self.loaded(), name)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class StaticHarness:
     """A harness from the host's own configuration: in-process, or dialled at ``address``."""
 
@@ -70,7 +70,7 @@ class StaticHarness:
     runtime: Runtime | None = None
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ResolvedHarness:
     """A harness ready to be described and run, with how it is placed."""
 

@@ -12,16 +12,17 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from agentsessions.host.controller.baselines import Baselines
 from agentsessions.host.controller.eventlog import EventLog, Events, blob_of
 from agentsessions.host.controller.executions import Execution, ExecutionIndex
 from agentsessions.host.journal.store import Head, JournalStore
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 
-@dataclass
+@struct
 class _Entry:
     events: EventLog
     last_hash: str

@@ -25,7 +25,6 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host import logs
@@ -43,6 +42,7 @@ from agentsessions.host.journal.feed import CancelRequested, FeedItem
 from agentsessions.host.journal.live import PARKED, RETRY, RUNNING, Lease, LiveStore
 from agentsessions.host.journal.store import StoreError
 from agentsessions.sdk.harness import Start
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -53,7 +53,7 @@ FINISHED_BATCH: Final = 256
 DRAIN_REASON: Final = "the host shut down during the turn; another attempt recovers it"
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Owner:
     """Who holds a lease: this process, named so its own machine can tell when it is gone."""
 
@@ -94,7 +94,7 @@ class Owner:
         return state in (b"Z", b"X")  # a zombie's leases are as dead as it is
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class LeaseSettings:
     ttl_s: float = DEFAULT_LEASE_TTL_S
     recover: bool = True  # off: failed turns are left for Resume (no retry lease)

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -65,6 +65,7 @@ from agentsessions.host.journal.feed import FeedItem, QueueChanged
 from agentsessions.host.journal.live import DONE, QUEUED, IdempotencyKeyTaken, KeyRecord, LiveStore
 from agentsessions.host.journal.store import SessionExistsError, SessionNotFoundError, SessionRow
 from agentsessions.host.tools.task import TASK_TOOL
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ ORIGINAL_WAIT_S: Final = 15.0
 POLL_S: Final = 0.25
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class LiveSettings:
     """What ``agentsessions serve`` sets from its flags (docs/live.md)."""
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.host.controller.approval_policy import (
@@ -65,6 +64,7 @@ from agentsessions.sdk.modes import (
     declared_tool_classes,
     strictest,
 )
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def harness_tool_classes(descriptor: harness_pb2.HarnessDescriptor | None) -> di
     return declared
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Verdict:
     """What the mode lets one call do."""
 

@@ -26,7 +26,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Final, Literal
 
 from agentsessions.host import logs
@@ -44,6 +43,7 @@ from agentsessions.host.controller.leases import LeaseKeeper
 from agentsessions.host.controller.state import Gate, open_gate
 from agentsessions.host.journal.live import PARKED, RUNNING, Lease, LiveStore
 from agentsessions.host.journal.store import SessionRow, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -66,7 +66,7 @@ DECISION_GRACE_S: Final = 2.0
 Outcome = Literal["completed", "parked", "gave up"]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class RecoverySettings:
     enabled: bool = True
     attempts: int = DEFAULT_ATTEMPTS  # recovery attempts before the turn ends FAILED

@@ -5,7 +5,6 @@ written (spec 4.3); a divergence raises ReplayDivergedError."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from agentsessions.host.callcontext import CallContext
 from agentsessions.host.controller import compaction, results, sessions
@@ -16,13 +15,14 @@ from agentsessions.host.controller.sinks import Recorded
 from agentsessions.host.controller.state import was_cancelled
 from agentsessions.host.journal import MAX_SEQ
 from agentsessions.sdk.harness import message_text
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 # Records read from the store per page while streaming a session's journal.
 RECORDS_PAGE = 1000
 
 
-@dataclass
+@struct
 class ReplayReport:
     """What a controller replay re-executed: ``model_calls`` (sent to the provider) must be 0 (I1);
     ``served_model_calls`` were answered from the journal."""

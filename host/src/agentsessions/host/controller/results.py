@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from agentsessions.host.controller.errors import InvalidArgumentError
@@ -31,6 +30,7 @@ from agentsessions.host.journal.store import SessionNotFoundError
 from agentsessions.sdk import jsonvalues
 from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
 from agentsessions.sdk.harness import Start, message_text, text_message
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 if TYPE_CHECKING:  # the Core holds the Driver that calls a Settler: no import cycle at run time
@@ -140,7 +140,7 @@ def check(result: Any, schema: Mapping[str, Any]) -> str | None:
     return validate_result(result, schema)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Binding:
     """The schema an execution is bound to, and which attempt of how many it is."""
 
@@ -233,7 +233,7 @@ def replayed(mine: list[common_pb2.Event]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Settled:
     """A bound execution's ending is journaled; ``parked``: a correction that stopped at a gate."""
 

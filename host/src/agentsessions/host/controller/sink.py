@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from agentsessions.host.controller.approval_policy import SessionGate
@@ -48,6 +47,7 @@ from agentsessions.sdk.approval import denied_receipt
 from agentsessions.sdk.errors import ApprovalParkedError, SinkClosedError
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.sdk.recorded import recorded_completion
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class TaskGate(Protocol):
     ) -> common_pb2.ToolResult: ...
 
 
-@dataclass
+@struct
 class SinkCounters:
     """What the sink did live (observable: replay must report zero model calls)."""
 

@@ -5,7 +5,6 @@ the execution (:class:`Recorded`) and whether the sink may go live."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 from agentsessions.host.controller.approval_policy import ApprovalPolicy, SessionGate
 from agentsessions.host.controller.deltas import DeltaBatching
@@ -19,12 +18,13 @@ from agentsessions.host.ids import token_hex
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.models.provider import ModelProvider
 from agentsessions.host.tools.task import offers_task
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 Events = Callable[[str], Awaitable[Sequence[common_pb2.Event]]]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Recorded:
     """What the journal holds of an execution, served back before the sink goes live."""
 

@@ -7,16 +7,16 @@ now); nothing here reads the store or writes anything.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from agentsessions.host.controller.errors import InvalidExecutionLogError
 from agentsessions.host.controller.executions import Execution, latest_execution, recorded_effects
 from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.store import SessionRow
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class SessionView:
     """A session row with the state derived from its journal."""
 
@@ -25,7 +25,7 @@ class SessionView:
     pending_approval: common_pb2.ApprovalRef | None = None
 
 
-@dataclass
+@struct
 class Gate:
     """An owned approval gate of the latest execution that has no receipt yet."""
 

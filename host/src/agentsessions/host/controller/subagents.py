@@ -22,7 +22,6 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from agentsessions.host import logs
@@ -57,6 +56,7 @@ from agentsessions.host.tools.task import (
 from agentsessions.sdk.errors import ApprovalParkedError
 from agentsessions.sdk.harness import message_text, text_message
 from agentsessions.sdk.modes import MODE_ANNOTATION
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger("agentsessions.controller")
@@ -88,7 +88,7 @@ Recorder = Callable[[common_pb2.Event], Awaitable[common_pb2.LogRecord]]
 Parker = Callable[[common_pb2.ApprovalRef], ApprovalParkedError]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class SubagentSettings:
     """What ``agentsessions serve`` sets from its flags (docs/subagents.md)."""
 
@@ -98,7 +98,7 @@ class SubagentSettings:
     scan_s: float = 1.0
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Link:
     """A child session and the task call it runs for."""
 
@@ -110,7 +110,7 @@ class Link:
     fork: bool = False
 
 
-@dataclass
+@struct
 class Planned:
     """A task call of one execution, proposed by the model's output or made by the harness."""
 

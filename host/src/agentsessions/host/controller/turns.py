@@ -15,7 +15,7 @@ import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agentsessions.host.callcontext import CallContext
@@ -35,6 +35,7 @@ from agentsessions.host.controller.writer import ExecutionWriter
 from agentsessions.host.journal.feed import DeltaGate
 from agentsessions.host.journal.store import SessionRow
 from agentsessions.sdk.harness import Start
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 # Kinds through the generated module's constants: an EnumTypeWrapper attribute costs ~1.5 us.
@@ -45,7 +46,7 @@ K = common_pb2
 Update = common_pb2.LogRecord | session_pb2.Delta | SessionView
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ExecParams:
     session: str
     inputs: Sequence[common_pb2.Message] = ()
@@ -108,7 +109,7 @@ class Relay:
         self.gate.delta(delta)
 
 
-@dataclass
+@struct
 class Turn:
     """An admitted Exec: :meth:`run` streams its records, deltas and (after a park) the session."""
 

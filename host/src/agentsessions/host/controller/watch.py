@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Final
 
 from agentsessions.host.callcontext import CallContext
@@ -29,6 +28,7 @@ from agentsessions.host.journal.feed import HeadMoved, QueueChanged, SessionDele
 from agentsessions.host.journal.live import RETRY, RUNNING, LiveStore, QueuedTurn
 from agentsessions.host.journal.store import SessionNotFoundError
 from agentsessions.sdk.extensions import RESULTS_PRINCIPAL
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 K = common_pb2
@@ -51,7 +51,7 @@ STATE_KINDS: Final = frozenset(
 _VIEWS_KEPT: Final = 1024
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class QueueView:
     """A session's queued turns, as a watcher sees them."""
 

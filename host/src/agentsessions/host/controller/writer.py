@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from agentsessions.host import recordable
 from agentsessions.host.controller.errors import ConcurrencyError, RecordTooLargeError, UnrecordableError
@@ -22,6 +22,7 @@ from agentsessions.host.journal import canon
 from agentsessions.host.journal.store import ConflictError, FencedError, JournalStore, StoreError
 from agentsessions.host.limits import DEFAULT_LIMITS
 from agentsessions.host.telemetry.genai import journal_append
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 # Called with each record an execution made durable (relayed to the Exec stream, in order).
@@ -115,7 +116,7 @@ class JournalWriter:
         return rec
 
 
-@dataclass
+@struct
 class ExecutionWriter:
     """Appends one execution's records in order, each extending the previous one (CAS).
 

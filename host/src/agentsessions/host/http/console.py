@@ -7,10 +7,11 @@ listener starts, and served from memory. What the page does: docs/console.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import resources
 
 from aiohttp import web
+
+from agentsessions.sdk.structs import struct
 
 ASSET_PREFIX = "/console/"
 _TYPES = {
@@ -21,7 +22,7 @@ _TYPES = {
 }
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Asset:
     body: bytes
     content_type: str

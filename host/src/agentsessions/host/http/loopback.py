@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 
 import grpc
 from aiohttp import web
@@ -24,6 +23,7 @@ from agentsessions.ext.v1 import live_pb2_grpc
 from agentsessions.host import requestid
 from agentsessions.host.http.status import HttpError
 from agentsessions.sdk.limits import MESSAGE_SIZE_OPTIONS
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import session_pb2_grpc
 
 SOCKET_NAME = "grpc.sock"
@@ -31,7 +31,7 @@ SOCKET_NAME = "grpc.sock"
 REQUEST_ID_KEY = web.RequestKey("agentsessions.request_id", str)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Caller:
     """What an HTTP request carries into each gRPC call: its credentials and its request id."""
 

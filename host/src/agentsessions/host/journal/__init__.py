@@ -12,7 +12,6 @@ import base64
 import binascii
 import re
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from agentsessions.host.journal.store import (
@@ -33,6 +32,7 @@ from agentsessions.host.journal.store import (
     StoreError,
     TamperedError,
 )
+from agentsessions.sdk.structs import struct
 
 __all__ = [
     "COMPUTE_COLD",
@@ -87,7 +87,7 @@ class PostgresURLError(JournalLocationError):
     """A journal URL that is not a usable PostgreSQL connection URL."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class JournalLocation:
     """What a journal location names: ``target`` is the SQLite file path, the PostgreSQL URL, or
     "" for memory."""

@@ -19,11 +19,11 @@ arbitrary write programs (``DialectStore.write``) in order, inside the same grou
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.store import SessionRow, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = ["BatchFailure", "Dialect", "Transaction"]
@@ -94,7 +94,7 @@ class Transaction(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class BatchFailure:
     """How a failed write transaction is reported to every write it carried."""
 

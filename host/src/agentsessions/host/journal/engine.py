@@ -31,7 +31,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar, overload
 
 from agentsessions.host.journal import (
@@ -49,6 +48,7 @@ from agentsessions.host.journal.groupcommit import GroupCommit
 from agentsessions.host.journal.health import JournalHealth
 from agentsessions.host.journal.rules import AppendRequest, MintRequest, SessionHead
 from agentsessions.host.journal.store import Head, JournalUnavailableError, SessionRow, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = ["DEFAULT_MAX_BATCH", "HEAD_CACHE_SIZE", "DialectStore", "HeadView", "WriterStats"]
@@ -64,7 +64,7 @@ _R = TypeVar("_R")
 _Outcome = Any  # a write's result, or the StoreError refusing it
 
 
-@dataclass
+@struct
 class WriterStats:
     """What the writer has committed so far: appends and events made durable, and transactions
     (appends per commit shows how well concurrent appends group)."""
@@ -80,7 +80,7 @@ class WriterStats:
     row_reads: int = 0
 
 
-@dataclass(eq=False, slots=True)
+@struct(eq=False, slots=True)
 class _Write(Generic[_T]):
     """One queued write: an append, a fence mint, or a program over the transaction.
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Final
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = [
@@ -81,7 +82,7 @@ _PASSIVE: Final = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class OpenTool:
     """A tool call of the latest execution without its result yet."""
 
@@ -90,7 +91,7 @@ class OpenTool:
     request_seq: int = 0  # seq of its APPROVAL_REQUEST, 0 before one
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class LatestExecution:
     """The execution whose first record is newest, as far as a listing needs it."""
 
@@ -116,7 +117,7 @@ class LatestExecution:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class ExecProjection:
     """What a session row keeps of its journal's executions (immutable; ``advance`` makes new
     ones only when something changed, so an unchanged projection is not written again)."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Final
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 __all__ = [
@@ -38,24 +38,24 @@ __all__ = [
 DEFAULT_INBOX_LIMIT: Final = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class HeadMoved:
     """Another process appended: the session's head is now ``seq`` (read the records)."""
 
     seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class SessionDeleted:
     """The session was deleted."""
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class QueueChanged:
     """A turn was queued on the session, or a queued one started."""
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class CancelRequested:
     """Someone asked the owner of the session's running ``execution_id`` to cancel it."""
 

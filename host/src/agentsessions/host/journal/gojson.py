@@ -13,7 +13,6 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -22,6 +21,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from agentsessions.host.journal.canon import normalize_event
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = ["GoJournalError", "GoRecord", "event_from_go", "load_records", "to_log_records"]
@@ -54,7 +54,7 @@ class GoJournalError(ValueError):
     """A Go journal dump that does not have the expected shape."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class GoRecord:
     """One record of a Go journal dump, its event converted to the wire message."""
 

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, cast, runtime_checkable
 
 from agentsessions.host.journal import rules
@@ -31,6 +30,7 @@ from agentsessions.host.journal.dialect import Transaction
 from agentsessions.host.journal.engine import DialectStore, HeadView
 from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.store import JournalStore, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 __all__ = [
@@ -65,7 +65,7 @@ DONE: Final = "done"  # what it names is durable
 SCAN_LIMIT: Final = 256
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class Lease:
     """One execution's lease row."""
 
@@ -81,7 +81,7 @@ class Lease:
     cancel_reason: str | None = None  # a cancel request for the owner (another host's Cancel)
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class KeyRecord:
     """What one idempotency key did."""
 
@@ -101,7 +101,7 @@ class KeyRecord:
         return cast(dict[str, Any], loaded)
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class QueuedTurn:
     """A turn waiting for its session: the ExecRequest it runs, as the execution it will be."""
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from agentsessions.host.journal.live import PARKED, RETRY, RUNNING, KeyRecord, Lease, QueuedTurn
+from agentsessions.sdk.structs import struct
 
 __all__ = ["LiveTables", "MemoryLiveStatements", "SessionState"]
 
 
-@dataclass
+@struct
 class LiveTables:
     leases: dict[tuple[str, str], Lease] = field(default_factory=dict)
     keys: dict[tuple[str, str], KeyRecord] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final, TypeVar
 
 from agentsessions.host.journal import execstate
@@ -29,6 +29,7 @@ from agentsessions.host.journal.rules import (
     log_record,
 )
 from agentsessions.host.journal.store import COMPUTE_NONE, SessionRow, StoreError
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = ["MemoryStore"]
@@ -36,7 +37,7 @@ __all__ = ["MemoryStore"]
 _T = TypeVar("_T")
 
 
-@dataclass
+@struct
 class _Session:
     row: SessionRow  # as created; the fields below supersede its derived ones
     fence: int = 0
@@ -48,7 +49,7 @@ class _Session:
     exec_projection: ExecProjection = execstate.EMPTY
 
 
-@dataclass
+@struct
 class _Memory:
     sessions: dict[str, _Session] = field(default_factory=dict)
     journals: dict[str, list[StoredRecord]] = field(default_factory=dict)

@@ -21,7 +21,6 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 import asyncpg
@@ -39,6 +38,7 @@ from agentsessions.host.journal.store import (
     SessionRow,
     StoreError,
 )
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = [
@@ -65,7 +65,7 @@ _MIGRATIONS_TABLE: Final = "schema_migrations"
 _OUR_TABLES: Final = ("sessions", "events", "harnesses", "tool_receipts")
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class _Migration:
     version: int
     name: str

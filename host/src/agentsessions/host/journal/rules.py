@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from agentsessions.host.journal import execstate
@@ -37,6 +36,7 @@ from agentsessions.host.journal.store import (
     StoreError,
     TamperedError,
 )
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 __all__ = [
@@ -142,7 +142,7 @@ class Appended(NamedTuple):
     chain: tuple[tuple[int, str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@struct(frozen=True, slots=True)
 class NewSession:
     """A session row to insert, with the head anchor and fence it starts with."""
 
@@ -377,7 +377,7 @@ def check_head_anchor(uid: str, seq: int, digest: str, anchor: tuple[int, str]) 
 # -- fork ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ForkPlan:
     sessions: list[NewSession]
     markers: list[StoredRecord]
@@ -456,7 +456,7 @@ def check_import_chain(uid: str, records: Sequence[common_pb2.LogRecord]) -> str
     return prev
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ImportPlan:
     session: NewSession
     records: list[StoredRecord]

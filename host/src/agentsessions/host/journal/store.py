@@ -8,11 +8,12 @@ in normalized ``Event`` messages and get back the ``LogRecord``s that were made 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.health import JournalHealth
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 # compute_state projection values, stored as the reference's domain strings.
@@ -69,7 +70,7 @@ class SchemaError(StoreError):
     """The database is foreign, unreadable, or of a newer schema than this host understands."""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class SessionRow:
     """A session's metadata row. ``last_seq``, ``last_hash``, ``compute_state`` and
     ``exec_projection`` are derived by the store (``exec_projection`` None: the row holds none,
@@ -95,7 +96,7 @@ class SessionRow:
     last_hash: str = ""
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Head:
     """The newest record of a session: seq 0 and hash "" when the journal is empty."""
 

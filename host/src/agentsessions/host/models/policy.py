@@ -6,10 +6,10 @@ Plain values, so configuration can build them without importing the HTTP stack
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from agentsessions.sdk.structs import struct
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Timeouts:
     """``connect`` bounds opening a connection, ``read`` each read (and write), ``total`` the whole
     completion: every request, every wait between them, and the streamed answer."""
@@ -24,7 +24,7 @@ class Timeouts:
                 raise ValueError(f"the {name} timeout must be a positive number of seconds")
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class RetryPolicy:
     """How often and how patiently a request is retried; ``max_attempts=1`` never retries."""
 

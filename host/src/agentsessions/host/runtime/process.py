@@ -28,7 +28,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 
 from agentsessions.host import logs
 from agentsessions.host.controller.errors import HarnessUnavailableError
@@ -36,6 +35,7 @@ from agentsessions.host.harnesslink import DESCRIBE_MAX_AGE_S, RemoteHarness
 from agentsessions.host.runtime.journal_backed import JournalBackedRuntime
 from agentsessions.host.runtime.protocol import Incarnation, SnapshotRef
 from agentsessions.sdk.harness import EventSink, Start
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import harness_pb2, session_pb2
 
 log = logging.getLogger("agentsessions.runtime")
@@ -52,7 +52,7 @@ class HarnessProcessError(Exception):
     """A harness process could not be started: bad target, early exit, or no readiness line in time."""
 
 
-@dataclass
+@struct
 class _Link:
     """The Connect client of one process generation; closed once retired and no run uses it."""
 

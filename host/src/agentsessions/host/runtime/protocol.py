@@ -8,14 +8,14 @@ admits an Exec, Resume or Fork (see :mod:`agentsessions.host.runtime.placement`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from agentsessions.sdk.harness import Harness
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class RuntimeCapabilities:
     """What a runtime can do with a harness's compute (wire: ``RuntimeCapabilities``)."""
 
@@ -33,7 +33,7 @@ class RuntimeCapabilities:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class SnapshotRef:
     """A snapshot handle, as the SUSPEND marker records it."""
 
@@ -69,7 +69,7 @@ class SnapshotRef:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Incarnation:
     """A session's compute on a runtime: which runtime, which worker, where the harness answers."""
 

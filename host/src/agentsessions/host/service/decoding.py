@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -24,12 +23,13 @@ from agentsessions.host import protowire
 from agentsessions.host.controller.errors import InvalidArgumentError
 from agentsessions.host.interception import Wrapped, responses_of
 from agentsessions.host.service.status import status_of
+from agentsessions.sdk.structs import struct
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 Decoder = Callable[[bytes], Any]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Undecodable:
     """Request bytes the protobuf runtime refused, with the refusal named by field."""
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from agentsessions.host.telemetry import switch
+from agentsessions.sdk.structs import struct
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -30,7 +30,7 @@ class TelemetryError(RuntimeError):
     """The chosen exporter cannot be used (for example, its package is not installed)."""
 
 
-@dataclass
+@struct
 class Installed:
     """The installed providers; ``shutdown`` flushes and stops them."""
 

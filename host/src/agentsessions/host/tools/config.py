@@ -75,7 +75,7 @@ import re
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +88,7 @@ from agentsessions.host.tools.executor import (
     ToolRegistry,
 )
 from agentsessions.host.tools.profile import ToolProfile, WorkspaceRule, parse_tool_classes
+from agentsessions.sdk.structs import struct
 
 # The executors load when a configuration names them (a host without tools never does).
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class PythonToolConfig:
     """One Python-function tool."""
 
@@ -120,7 +121,7 @@ class PythonToolConfig:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class McpServerConfig:
     """One MCP server launched over stdio."""
 
@@ -151,7 +152,7 @@ class McpServerConfig:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ToolsConfig:
     """Every configured tool executor."""
 

@@ -22,12 +22,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol, runtime_checkable
 
 from agentsessions.host.tools.args import python_to_struct, validate_tool_call
 from agentsessions.host.tools.errors import DuplicateToolError, MissingToolExecutorError
 from agentsessions.host.tools.profile import ToolProfile
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def _object_schema() -> dict[str, Any]:
     return {"type": "object"}
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ToolSpec:
     """A tool an executor serves: its name, what it does, and the JSON Schema of its arguments."""
 
@@ -56,7 +57,7 @@ class ToolSpec:
         )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ToolContext:
     """What a tool function learns about the call besides its arguments."""
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agentsessions.host.tools.errors import ToolConfigError
 from agentsessions.sdk.modes import TOOL_CLASSES
+from agentsessions.sdk.structs import struct
 
 
 def parse_tool_classes(value: object, where: str) -> frozenset[str]:
@@ -39,7 +40,7 @@ def parse_tool_classes(value: object, where: str) -> frozenset[str]:
     return frozenset(classes)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Confinement:
     """How a subprocess tool's next run goes: confined (and how), or why the host cannot confine it."""
 
@@ -55,7 +56,7 @@ def _inside(path: str, roots: Iterable[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class WorkspaceRule:
     """Where a tool acts: a fixed directory, or the directory one of its arguments names; with
     ``roots``, the directories an argument's workspace must lie under to run without approval."""
@@ -95,7 +96,7 @@ def _resolved(workspace: str, roots: tuple[str, ...]) -> tuple[str, list[str]]:
     return os.path.realpath(workspace), [os.path.realpath(root) for root in roots]
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ToolProfile:
     """A host-run tool's classes (empty: unclassified), workspace and confinement."""
 

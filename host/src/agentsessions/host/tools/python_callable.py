@@ -21,13 +21,14 @@ import asyncio
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
 from agentsessions.host.tools.errors import ToolConfigError
 from agentsessions.host.tools.executor import ToolContext, ToolSpec
 from agentsessions.host.tools.profile import Confinement, ToolProfile
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Any]
@@ -41,7 +42,7 @@ def _object_schema() -> dict[str, Any]:
     return {"type": "object"}
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class CallableTool:
     """One tool backed by a Python function."""
 

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from agentsessions.host.tools.args import python_to_struct, struct_to_python
@@ -31,6 +31,7 @@ from agentsessions.host.tools.confinement import Bubblewrap
 from agentsessions.host.tools.executor import ToolSpec
 from agentsessions.host.tools.profile import Confinement, ToolProfile, WorkspaceRule
 from agentsessions.sdk.modes import NETWORK, SUBPROCESS
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ _REAP_TIMEOUT_S = 5.0
 _PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class SubprocessTool:
     """One program-backed tool (see the module docstring)."""
 

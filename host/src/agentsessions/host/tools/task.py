@@ -10,12 +10,12 @@ error result the call gets.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from google.protobuf import json_format, struct_pb2
 
 from agentsessions.host.controller.results import ResultSchemaError, check_schema
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, harness_pb2
 
 TASK_TOOL: Final = "task"
@@ -37,7 +37,7 @@ class TaskArgumentError(ValueError):
         self.argument = argument
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class TaskArgs:
     prompt: str
     harness: str = ""  # empty: the parent's harness (unless fork)

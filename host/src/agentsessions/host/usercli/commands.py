@@ -14,7 +14,6 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -43,10 +42,11 @@ from agentsessions.host.usercli.render import (
     state_name,
     to_json,
 )
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 
-@dataclass
+@struct
 class Call:
     """One command invocation: its flags, its host and where it prints."""
 
@@ -439,7 +439,7 @@ async def watch(call: Call) -> int:
     return EXIT_OK
 
 
-@dataclass
+@struct
 class ChainCheck:
     """Recomputes a chain record by record (spec 3.2) with the host's canonical hashing."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,6 +19,7 @@ from grpc import aio
 
 from agentsessions.client import SessionsClient, bearer_metadata, tls_credentials
 from agentsessions.host.usercli.errors import UsageError
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.tls import TLSFilesError, open_channel
 
 SERVER_ENV = "AGENTSESSIONS_SERVER"
@@ -54,7 +54,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class Connection:
     """A resolved ``--server`` with its credentials."""
 

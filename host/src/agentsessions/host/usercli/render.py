@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2, session_pb2
 
 K = common_pb2.EventKind
@@ -159,7 +160,7 @@ def record_line(record: common_pb2.LogRecord) -> str:
     return f"#{record.seq:<4} {kind_name(event.kind):<16} {detail}  {record.content_hash[:16]}"
 
 
-@dataclass
+@struct
 class TurnView:
     """Renders Exec frames (or any records) for a person, as they arrive.
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from pydantic_ai import Agent, AgentRunResultEvent
@@ -67,6 +67,7 @@ from agentsessions.sdk.adapters.routing import (
 from agentsessions.sdk.convert import ConversionError
 from agentsessions.sdk.execution import Execution
 from agentsessions.sdk.native import NativeHarness
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.types import (
     HarnessDescriptor,
     Message,
@@ -321,7 +322,7 @@ def messages_from_native(messages: Sequence[Message]) -> list[ModelMessage]:
 # -- tools --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@struct
 class HostTools(AbstractCapability[Any]):
     """Routes every tool call of a run through the running execution (see the module docstring).
 

@@ -14,10 +14,10 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from agentsessions.sdk.execution import Execution, tool_result_of
+from agentsessions.sdk.structs import struct
 from agentsessions.sdk.types import Mediation, ToolCall, ToolResult
 
 # Why an approval-gated call needs a decision: a fixed text, or one built from the call.
@@ -59,7 +59,7 @@ def _bound(where: str) -> tuple[Execution, asyncio.AbstractEventLoop]:
     return bound
 
 
-@dataclass(frozen=True)
+@struct(frozen=True)
 class ToolRoutes:
     """Who runs which tool, and the reason an approval request carries.
 

@@ -1,0 +1,209 @@
+"""``agentsessions.sdk.structs.struct`` behaves as ``dataclasses.dataclass``: each case builds the
+same class body both ways and compares what their instances do (repr, equality, hashing,
+immutability, the dataclass functions), and checks that ``struct`` compiled fewer methods."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any, ClassVar
+
+import pytest
+
+from agentsessions.sdk.structs import struct
+
+Decorator = Callable[..., Any]
+
+
+def twins(body: Callable[[Decorator], type]) -> tuple[type, type]:
+    """The class ``body`` makes with ``dataclass`` and with ``struct``."""
+    return body(dataclasses.dataclass), body(struct)
+
+
+def plain(deco: Decorator) -> type:
+    @deco
+    class Plain:
+        x: int
+        y: str = "y"
+        items: list[int] = field(default_factory=list)
+
+    return Plain
+
+
+def frozen(deco: Decorator) -> type:
+    @deco(frozen=True)
+    class Frozen:
+        x: int
+        secret: str = field(default="s", repr=False)
+        noise: int = field(default=0, compare=False)
+        label: str = field(default="l", hash=False)
+        shared: ClassVar[int] = 7
+
+    return Frozen
+
+
+def slotted(deco: Decorator) -> type:
+    @deco(frozen=True, slots=True)
+    class Slotted:
+        a: int
+        b: tuple[int, ...] = ()
+
+    return Slotted
+
+
+def one_field(deco: Decorator) -> type:
+    @deco(frozen=True)
+    class One:
+        only: str
+
+    return One
+
+
+def no_fields(deco: Decorator) -> type:
+    @deco(frozen=True)
+    class Empty:
+        pass
+
+    return Empty
+
+
+def no_eq(deco: Decorator) -> type:
+    @deco(eq=False, slots=True)
+    class Identity:
+        x: int
+
+    return Identity
+
+
+def own_methods(deco: Decorator) -> type:
+    @deco(frozen=True)
+    class Own:
+        x: int
+
+        def __repr__(self) -> str:
+            return "own"
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Own)
+
+        def __hash__(self) -> int:
+            return 42
+
+    return Own
+
+
+def eq_only(deco: Decorator) -> type:
+    @deco
+    class EqOnly:
+        x: int
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    return EqOnly
+
+
+CASES: dict[str, tuple[Callable[[Decorator], type], tuple[Any, ...], tuple[Any, ...]]] = {
+    # name: (body, args of an instance, args of a different instance)
+    "plain": (plain, (1, "a", [1]), (2, "a", [1])),
+    "frozen": (frozen, (1, "s", 3, "l"), (2, "s", 3, "l")),
+    "slotted": (slotted, (1, (2, 3)), (1, (3,))),
+    "one field": (one_field, ("a",), ("b",)),
+    "no fields": (no_fields, (), ()),
+    "no eq": (no_eq, (1,), (1,)),
+    "own methods": (own_methods, (1,), (2,)),
+    "eq only": (eq_only, (1,), (2,)),
+}
+
+
+def observe(cls: type, args: tuple[Any, ...], other: tuple[Any, ...]) -> dict[str, Any]:
+    """What an instance of ``cls`` does, in a form comparable across the two twins."""
+    a, same, b = cls(*args), cls(*args), cls(*other)
+    seen: dict[str, Any] = {
+        "repr": repr(a).replace(cls.__qualname__, "C"),
+        "eq": (a == same, a == b, a != b, a == object(), a.__eq__(object())),
+        "hashable": cls.__hash__ is not None,
+        "fields": [(f.name, f.repr, f.compare, f.hash) for f in dataclasses.fields(cls)],
+        "astuple": dataclasses.astuple(a),
+        "match_args": getattr(cls, "__match_args__", None),
+        "slots": getattr(cls, "__slots__", None),
+        "copy": copy.copy(a) == a,
+    }
+    if seen["hashable"]:
+        seen["hash"] = (hash(a) == hash(same), hash(a) == hash(b) if a == b else None)
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    seen["params"] = (params.init, params.frozen)
+    if dataclasses.fields(cls):
+        first = dataclasses.fields(cls)[0].name
+        seen["replace"] = repr(dataclasses.replace(a, **{first: getattr(b, first)})) == repr(b)
+        if params.frozen:
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                setattr(a, first, getattr(b, first))
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                delattr(a, first)
+    return seen
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_struct_does_what_its_dataclass_twin_does(name: str) -> None:
+    body, args, other = CASES[name]
+    as_dataclass, as_struct = twins(body)
+    assert observe(as_struct, args, other) == observe(as_dataclass, args, other)
+
+
+def test_a_struct_compiles_fewer_methods(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    create = dataclasses._create_fn  # type: ignore[attr-defined]
+
+    def counting(name: str, *args: Any, **kwargs: Any) -> Any:
+        made.append(name)
+        return create(name, *args, **kwargs)
+
+    monkeypatch.setattr(dataclasses, "_create_fn", counting)
+    frozen(dataclasses.dataclass)
+    assert sorted(made) == ["__delattr__", "__eq__", "__hash__", "__init__", "__repr__", "__setattr__"]
+    made.clear()
+    frozen(struct)
+    assert sorted(made) == ["__delattr__", "__init__", "__setattr__"]
+
+
+def test_another_class_and_a_subclass_are_not_equal_as_with_dataclass() -> None:
+    @struct(frozen=True)
+    class Base:
+        x: int
+
+    class Sub(Base):
+        pass
+
+    @struct(frozen=True)
+    class Other:
+        x: int
+
+    assert Base(1) != Sub(1) and Sub(1) != Base(1)
+    another: object = Other(1)
+    assert Base(1) != another
+    assert Sub(1) == Sub(1) and hash(Sub(1)) == hash(Base(1))
+
+
+def test_a_recursive_repr_ends() -> None:
+    @struct
+    class Node:
+        children: list[Any]
+
+    node = Node([])
+    node.children.append(node)
+    assert repr(node) == "test_a_recursive_repr_ends.<locals>.Node(children=[...])"
+
+
+def test_a_struct_pickles() -> None:
+    restored = pickle.loads(pickle.dumps(Point(1, 2)))
+    assert restored == Point(1, 2) and repr(restored) == "Point(x=1, y=2)"
+
+
+@struct(frozen=True, slots=True)
+class Point:
+    x: int
+    y: int
