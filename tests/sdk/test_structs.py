@@ -7,8 +7,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -207,3 +209,21 @@ def test_a_struct_pickles() -> None:
 class Point:
     x: int
     y: int
+
+
+SHIPPED = ("host/src", "sdk/src", "harnesses/src")
+DATACLASS = re.compile(r"^[ \t]*@(dataclasses\.)?dataclass\b", re.M)
+
+
+def test_the_shipped_packages_make_their_dataclasses_with_struct() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = [
+        f"{path.relative_to(root)}:{text[: m.start()].count(chr(10)) + 1}"
+        for package in SHIPPED
+        for path in sorted((root / package).rglob("*.py"))
+        if path.name != "structs.py"
+        for text in [path.read_text(encoding="utf-8")]
+        for m in DATACLASS.finditer(text)
+    ]
+    assert found == [], "use agentsessions.sdk.structs.struct (a shorter start; see its docstring)"
+    assert len(list((root / "host/src").rglob("*.py"))) > 100  # the walk saw the packages
