@@ -454,6 +454,34 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def cpu_budget(report: Report, cores: int, system: str = "host") -> dict[str, Any] | None:
+    """What the machine allows ``system`` at 32 sessions: every process of it (host, harness and
+    the benchmark's client) shares the same ``cores``, so their CPU a turn caps its turns a second
+    however they are scheduled. With the turns the LangGraph goal asks for, which a cap under it
+    rules out. None when the run has no CPU figures for it."""
+    n = str(CONCURRENT)
+    cpu = report.cpu_ms_per_turn.get(system, {}).get(n)
+    if not cpu or cores <= 0:
+        return None
+    parts = {p: cpu[p] for p in ("host", "harness", "client") if cpu.get(p)}
+    total = sum(parts.values())
+    if total <= 0:
+        return None
+    cap = cores * 1000.0 / total
+    done = report.throughput.get(system, {}).get(n)
+    langgraph = report.langgraph.get(n) if "unavailable" not in report.langgraph else None
+    return {
+        "sessions": CONCURRENT,
+        "cores": cores,
+        "cpu_ms_per_turn": parts,
+        "total_ms": total,
+        "cap_turns_per_s": cap,
+        "turns_per_s": done,
+        "share_of_cap": _ratio(done, cap),
+        "langgraph_goal_turns_per_s": None if langgraph is None else GOAL_LANGGRAPH_RATIO[n] * langgraph,
+    }
+
+
 def summary(report: Report) -> dict[str, Any]:
     """Ratios and goal verdicts derived from the raw numbers."""
     t = report.throughput
@@ -515,7 +543,7 @@ def summary(report: Report) -> dict[str, Any]:
                 GOAL_LANGGRAPH_RATIO[n],
                 True,
             )
-    return {"goals": goals}
+    return {"goals": goals, "cpu_budget": cpu_budget(report, len(os.sched_getaffinity(0)))}
 
 
 def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
@@ -547,6 +575,18 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
             if cpu:
                 parts = " / ".join(_num(cpu.get(p), "{:.2f}") for p in ("host", "harness", "client"))
                 print(f"  {label:<36}{parts}", file=out)
+    budget = derived.get("cpu_budget")
+    if budget:
+        parts = " + ".join(f"{k} {v:.2f}" for k, v in budget["cpu_ms_per_turn"].items())
+        line = (
+            f"\nCPU budget, {budget['sessions']} sessions: {parts} = {budget['total_ms']:.2f} ms a turn on "
+            f"{budget['cores']} cores: at most {budget['cap_turns_per_s']:.0f} turns/s"
+        )
+        if budget["turns_per_s"]:
+            line += f"; the host did {budget['turns_per_s']:.1f} ({budget['share_of_cap']:.0%} of that)"
+        if budget["langgraph_goal_turns_per_s"]:
+            line += f"; the LangGraph goal asks {budget['langgraph_goal_turns_per_s']:.0f}"
+        print(line, file=out)
     rt = report.round_trip_s
     print("\nmodel round trip (median)", file=out)
     for key, label in (
