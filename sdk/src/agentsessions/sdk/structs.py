@@ -9,7 +9,8 @@ gives the class ``__repr__``, ``__eq__`` and ``__hash__`` made from shared code,
 behaviour: the fields' own ``repr``/``compare``/``hash`` flags, ``NotImplemented`` for another
 class, a class's own methods kept, ``__hash__`` set as ``dataclass`` sets it (over the compared
 fields when frozen, ``None`` when only ``eq``), and ``order``/``unsafe_hash`` left to ``dataclass``.
-The class is a dataclass in every other respect (``fields``, ``replace``, ``asdict``, slots).
+The class is a dataclass in every other respect (``fields``, ``replace``, ``asdict``, slots), except
+that its ``__dataclass_params__`` say ``repr=False, eq=False``: those methods are not dataclass's.
 """
 
 from __future__ import annotations
