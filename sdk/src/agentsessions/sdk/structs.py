@@ -8,7 +8,8 @@ must be compiled per class (``__init__``, and a frozen class's ``__setattr__``/`
 gives the class ``__repr__``, ``__eq__`` and ``__hash__`` made from shared code, with the same
 behaviour: the fields' own ``repr``/``compare``/``hash`` flags, ``NotImplemented`` for another
 class, a class's own methods kept, ``__hash__`` set as ``dataclass`` sets it (over the compared
-fields when frozen, ``None`` when only ``eq``), and ``order``/``unsafe_hash`` left to ``dataclass``.
+fields when frozen, ``None`` when only ``eq``). ``order`` and ``unsafe_hash`` are not offered (no
+class here uses them).
 The class is a dataclass in every other respect (``fields``, ``replace``, ``asdict``, slots), except
 that its ``__dataclass_params__`` say ``repr=False, eq=False``: those methods are not dataclass's.
 """
