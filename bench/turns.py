@@ -44,6 +44,7 @@ from typing import Any, Final, TextIO
 
 import grpc
 
+from agentsessions.sdk.grpcenv import LEGACY_IO, VARIABLE
 from bench import resultfile
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -124,9 +125,20 @@ def verify_journal(journal: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _env() -> dict[str, str]:
+# grpcio's default transport for a process of the benchmark (GRPC_EXPERIMENTS set empty).
+DEFAULT_TRANSPORT: Final = ""
+
+
+def _env(transport: str | None = LEGACY_IO) -> dict[str, str]:
+    """A child's environment. Servers run on the gRPC transport the ``agentsessions`` commands
+    choose (``agentsessions.sdk.grpcenv``), the bare floor as well as the host, so a ratio to the
+    floor measures the host's own work; ``transport=None`` leaves a process on grpcio's default (the
+    benchmark's clients, like a user's program). An environment that sets GRPC_EXPERIMENTS keeps
+    its setting everywhere."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if transport is not None:
+        env.setdefault(VARIABLE, transport)
     return env
 
 
@@ -138,12 +150,12 @@ class Fleet:
         self._procs: list[tuple[str, subprocess.Popen[str], TextIO]] = []
         self.pids: dict[str, int] = {}
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[str]:
+    def _spawn(self, name: str, argv: Sequence[str], transport: str = LEGACY_IO) -> subprocess.Popen[str]:
         log = open(self.workdir / f"{name}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         proc = subprocess.Popen(
             list(argv),
             cwd=ROOT,
-            env=_env(),
+            env=_env(transport),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -153,9 +165,9 @@ class Fleet:
         self.pids[name] = proc.pid
         return proc
 
-    def announced(self, name: str, argv: Sequence[str]) -> str:
+    def announced(self, name: str, argv: Sequence[str], transport: str = LEGACY_IO) -> str:
         """Start a server that prints ``listening on ADDR``; returns ADDR."""
-        proc = self._spawn(name, argv)
+        proc = self._spawn(name, argv, transport)
         assert proc.stdout is not None
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
@@ -224,12 +236,13 @@ def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def run_json(argv: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run a worker to completion and parse the JSON object it prints last."""
+def run_json(argv: Sequence[str], timeout: float, transport: str | None = None) -> dict[str, Any]:
+    """Run a worker to completion and parse the JSON object it prints last (on grpcio's default
+    transport unless ``transport`` is given: a client, as a user's program would be)."""
     done = subprocess.run(
         list(argv),
         cwd=ROOT,
-        env=_env(),
+        env=_env(transport),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -364,6 +377,7 @@ def measure_round_trips(
             str(out),
         ),
         CLIENT_SLACK_S,
+        LEGACY_IO,  # the bare host's side of the ping-pong, on the transport the host runs on
     )
     report.round_trip_s["pingpong"] = _median_tail(json.loads(out.read_text()))
     for system, target in hosts.items():
@@ -498,6 +512,16 @@ def summary(report: Report) -> dict[str, Any]:
             GOAL_FLOOR_RATIO[n],
             True,
         )
+    for n in ("1", str(CONCURRENT)):
+        goals.append(
+            {
+                "goal": f"control: host / floor on the default transport, {n} session(s)",
+                "value": _ratio(t.get("host", {}).get(n), t.get("floor-default", {}).get(n)),
+                "target": GOAL_FLOOR_RATIO[n],
+                "at_least": True,
+                "met": None,
+            }
+        )
     cpu = report.cpu_ms_per_turn
     for n in ("1", str(CONCURRENT)):
         goal(
@@ -552,6 +576,7 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
     print(f"{'turns/s':<34}{'1 session':>12}{str(CONCURRENT) + ' sessions':>14}  updates/turn", file=out)
     rows = [
         ("protocol floor (bare gRPC)", "floor"),
+        ("floor, grpcio's default transport", "floor-default"),
         ("host, SQLite FULL", "host"),
         ("host, memory journal (diagnostic)", "host-memory"),
     ]
@@ -626,6 +651,16 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
         floor = f.announced(
             "floor-host", _python("bench.turn_floor", "floor-host", "--harness", floor_harness)
         )
+        # The same floor on grpcio's default transport: how much of a turn the transport's choice
+        # is worth (a diagnostic row; the goals compare with the floor on the host's transport).
+        floor_default_harness = f.announced(
+            "floor-default-harness", _python("bench.turn_floor", "floor-harness"), DEFAULT_TRANSPORT
+        )
+        floor_default = f.announced(
+            "floor-default-host",
+            _python("bench.turn_floor", "floor-host", "--harness", floor_default_harness),
+            DEFAULT_TRANSPORT,
+        )
         echo = f.announced(
             "echo-harness",
             [
@@ -646,6 +681,9 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
             report,
             {
                 "floor": System(floor, "", pids["floor-host"], pids["floor-harness"]),
+                "floor-default": System(
+                    floor_default, "", pids["floor-default-host"], pids["floor-default-harness"]
+                ),
                 "host": System(host, "bench-echo", pids["host"], pids["echo-harness"]),
                 "host-memory": System(host_memory, "bench-echo", pids["host-memory"], pids["echo-harness"]),
             },

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
+from agentsessions.sdk.grpcenv import choose_transport
+
 # The module that registers each command (tests/host/test_cli_commands.py keeps this in step with
 # what the modules register).
 _SERVER: Final = "agentsessions.host.server"
@@ -60,6 +62,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any command's module imports grpc: gRPC core reads its transport's setting once.
+    choose_transport()
     args = _parsed(list(sys.argv[1:] if argv is None else argv))
     code: int = args.func(args)
     return code

@@ -17,10 +17,13 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from agentsessions.sdk.grpcenv import choose_transport
 from agentsessions.sdk.harness import Harness
-from agentsessions.sdk.server import run_server
-from agentsessions.sdk.tls import ServerTLS, TLSFilesError
+
+if TYPE_CHECKING:
+    from agentsessions.sdk.tls import ServerTLS
 
 
 class TargetError(Exception):
@@ -80,6 +83,8 @@ def _add_listen(parser: argparse.ArgumentParser) -> None:
 
 
 def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerTLS | None:
+    from agentsessions.sdk.tls import ServerTLS
+
     if args.tls_cert is None and args.tls_key is None:
         if args.tls_client_ca is not None:
             parser.error("--tls-client-ca needs --tls-cert and --tls-key")
@@ -91,6 +96,7 @@ def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ServerTLS
 
 def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """A ``__main__`` for one harness: ``python -m mypkg.agent --listen ADDR``."""
+    choose_transport()  # in time only if nothing imported grpc yet (agentsessions.sdk.grpcenv)
     parser = argparse.ArgumentParser(prog=prog, description="Serve a harness over Harness.Connect.")
     _add_listen(parser)
     args = parser.parse_args(argv)
@@ -98,6 +104,10 @@ def serve_main(harness: Harness, argv: Sequence[str] | None = None, *, prog: str
 
 
 def _serve(harness: Harness, args: argparse.Namespace, tls: ServerTLS | None) -> int:
+    # grpc loads here, not at this module's import: main() chooses its transport first.
+    from agentsessions.sdk.server import run_server
+    from agentsessions.sdk.tls import TLSFilesError
+
     try:
         run_server(
             harness,
@@ -131,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    choose_transport()
     parser = build_parser()
     args = parser.parse_args(argv)
     tls = _tls(parser, args)
