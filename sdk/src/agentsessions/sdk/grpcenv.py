@@ -7,16 +7,18 @@ poller thread watches, which wakes the event loop. Its ``event_engine_client`` a
 ``event_engine_listener`` experiments switched off, connections go back to gRPC core's
 long-standing I/O manager, whose poller thread reads and writes the sockets itself: one thread
 hop fewer for each message. On this project's turn benchmark (bench/README.md, "The transport
-the commands choose") that took the host's CPU a turn down by ~9% at 32 sessions and the echo
-harness's by ~11%, and the turns a second up by 5-10%.
+the commands choose") that took the host's CPU a turn down by 5-12% at 32 sessions and the echo
+harness's by 7-13%, and the turns a second up by up to ~10% (noisy: one A/B of five went 5% the
+other way).
 
 gRPC core reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is first imported, so the choice is made
 by :func:`choose_transport` at the very start of each command, before anything imports grpc, and
 is inherited by the processes the host starts (its built-in harnesses). An environment that
 already sets ``GRPC_EXPERIMENTS`` (even to an empty value, which keeps grpcio's defaults) is left
-as it is: the operator's setting wins. A program that serves a harness itself
-(:func:`agentsessions.sdk.serve_main`, :func:`agentsessions.sdk.run_server`) can call
-:func:`choose_transport` before its first ``import grpc``, or export the same variable.
+as it is: the operator's setting wins. ``serve_main`` (the built-in harnesses' ``python -m``
+entry points) calls it too, in time when nothing imported grpc before it; a program that serves a
+harness itself (:func:`agentsessions.sdk.run_server`) can call :func:`choose_transport` before its
+first ``import grpc``, or export the same variable.
 """
 
 from __future__ import annotations
