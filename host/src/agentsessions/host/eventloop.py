@@ -30,6 +30,8 @@ import contextvars
 from collections.abc import Callable
 from typing import TypeVarTuple
 
+from agentsessions.sdk.grpcloop import GrpcEventLoop
+
 _Ts = TypeVarTuple("_Ts")
 
 ACCEPTING: contextvars.ContextVar[bool] = contextvars.ContextVar("agentsessions_accepting", default=False)
@@ -38,8 +40,9 @@ ACCEPTING: contextvars.ContextVar[bool] = contextvars.ContextVar("agentsessions_
 DRAIN_BATCH = 128
 
 
-class AcceptFirstLoop(asyncio.SelectorEventLoop):
-    """A selector event loop that runs the accepting of calls first."""
+class AcceptFirstLoop(GrpcEventLoop):
+    """A selector event loop that runs the accepting of calls first (and grpc.aio's completions in
+    one pass per wake-up: ``agentsessions.sdk.grpcloop``)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import grpc
 
+from agentsessions.sdk import grpcloop
 from agentsessions.sdk.harness import Harness, require_harness
 from agentsessions.sdk.limits import MAX_MESSAGE_BYTES, MESSAGE_SIZE_OPTIONS
 from agentsessions.sdk.servicer import HarnessServicer, add_to_server
@@ -103,7 +104,9 @@ def run_server(
         with contextlib.suppress(asyncio.CancelledError):
             await serve(harness, address, grace=grace, on_ready=on_ready, tls=tls)
 
-    asyncio.run(main())
+    # grpc.aio's completions in one pass per wake-up (agentsessions.sdk.grpcloop).
+    with asyncio.Runner(loop_factory=grpcloop.new_loop) as runner:
+        runner.run(main())
 
 
 def _stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
