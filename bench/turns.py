@@ -19,6 +19,11 @@ Every process is real and separate (client, host, harness), talking gRPC over lo
   does at least 2.5x at 1 thread, 3x at 32), when the optional extra (bench/requirements.txt) is
   installed.
 
+Every server process (the floors, the ping-pong, the harnesses, the hosts) runs on the gRPC
+transport the ``agentsessions`` commands choose (``agentsessions.sdk.grpcenv``), so a ratio to the
+floor measures the host's own work; the same floor on grpcio's default transport is measured too,
+as a control row. The clients stay on grpcio's default, as a user's program would.
+
 Throughputs are the best of ``repeats`` runs, floor and host interleaved. Results go to
 bench/results/turns.json and a table on stdout. Every process is stopped when the suite ends.
 """
