@@ -186,3 +186,5 @@ async def test_the_host_serves_and_reaches_its_harness_on_the_io_manager(tmp_pat
     assert UNKNOWN not in trace
     assert LISTENER in trace  # its Sessions service
     assert CONNECTOR in trace  # its connection to the harness
+    # The serving line tells an operator what gRPC core read.
+    assert f" grpc_experiments={LEGACY_IO} " in trace

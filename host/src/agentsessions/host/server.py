@@ -32,6 +32,7 @@ from agentsessions.host.app import App, Service, StartupError, build_app
 from agentsessions.host.config import ConfigError, HostConfig
 from agentsessions.host.journalwatch import JournalWatch
 from agentsessions.host.telemetry import setup as telemetry
+from agentsessions.sdk import grpcenv
 from agentsessions.sdk.tls import ServerTLS, TLSFilesError, add_port
 
 log = logging.getLogger("agentsessions.host")
@@ -192,6 +193,10 @@ def _startup_facts(config: HostConfig, app: App, listeners: Sequence[_Serving]) 
         else [name for name, _ in config.harnesses]
     )
     facts["model"] = config.model or "echo (built in)"
+    # What gRPC core read at import: the transport the command chose or the environment's setting.
+    experiments = os.environ.get(grpcenv.VARIABLE)
+    if experiments:
+        facts["grpc_experiments"] = experiments
     facts["pid"] = os.getpid()
     return facts
 
