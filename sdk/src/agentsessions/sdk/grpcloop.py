@@ -5,8 +5,9 @@ thread of its own, which queues each one and writes one byte to a socket pair; t
 watches the other end and runs grpc's handler, which reads **one** byte and then runs every
 completion queued. A busy process gets its completions in bursts, so the handler that ran them all
 is followed by one call per byte still unread, each a pass of the loop, a ``recv`` system call
-and a look at an empty queue. On the host at 32 sessions 5-20 bytes were waiting at most of the
-handler's calls (bench/README.md, "grpc.aio's completions in one pass").
+and a look at an empty queue. On the host at 32 sessions 2-19 bytes were waiting at two of the
+handler's calls in three, 20 or more at a quarter (bench/README.md, "grpc.aio's completions in one
+pass").
 
 :class:`GrpcEventLoop` wraps that one handler when grpc registers it: before it runs, the bytes
 waiting beyond one are read in one ``recv`` (their completions are queued already: the poller
