@@ -9,7 +9,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
 from agentsessions.v1 import session_pb2
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -31,13 +31,6 @@ BIN = Path(sys.executable).parent
 GRPCURL = BIN / "grpcurl"
 STARTUP_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @dataclass

@@ -18,6 +18,7 @@ from agentsessions.host import server
 from agentsessions.host.app import App, Service, StartupError
 from agentsessions.host.config import HostConfig
 from agentsessions.v1 import harness_registry_pb2, harness_registry_pb2_grpc
+from tests.support.processes import free_port
 
 SESSIONS = "agentsessions.v1.Sessions"
 REGISTRY = harness_registry_pb2.DESCRIPTOR.services_by_name["HarnessRegistry"].full_name
@@ -40,13 +41,6 @@ class RegistryServicer(harness_registry_pb2_grpc.HarnessRegistryServicer):
 def add_sessions_placeholder(server: aio.Server) -> None:
     """Sessions by name only: these tests look at listeners, reflection and health, not at RPCs."""
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SESSIONS, {}),))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 class Recorded:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.sdk.grpcenv import LEGACY_IO, VARIABLE, choose_transport
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from tests.support.host_process import repo_env
-from tests.support.processes import BIN, READY_PREFIX
+from tests.support.processes import BIN, free_port, harness_process, serve_argv, stop
 
 LISTENER = "tcp_server_posix.cc"
 CONNECTOR = "tcp_client_posix.cc"
@@ -72,26 +71,11 @@ def _traced(overrides: Mapping[str, str | None]) -> dict[str, str]:
 
 @contextlib.asynccontextmanager
 async def _process(argv: list[str], env: dict[str, str], log: Path) -> AsyncIterator[str]:
-    """Start ``argv`` with stderr to ``log`` (gRPC's trace is long: a pipe could fill and stall
-    it); yields the address of its ``listening on`` line; SIGTERM and a bounded wait on exit."""
-    with log.open("wb") as err:
-        process = await asyncio.create_subprocess_exec(
-            *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=err, cwd=log.parent
-        )
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(60):
-            line = (await process.stdout.readline()).decode()
-        assert line.startswith(READY_PREFIX), f"{argv[0]} did not start: {line!r}\n{_text(log)[-2000:]}"
-        yield line[len(READY_PREFIX) :].strip()
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            async with asyncio.timeout(30):
-                await process.wait()
+    """A harness with its standard error (gRPC's trace) in ``log``; yields its address and stops it
+    with SIGTERM, which it must answer with a clean exit."""
+    async with harness_process(argv, log.parent, env, stderr_to=log) as served:
+        yield served.address
+        assert await stop(served) == 0
 
 
 def _text(log: Path) -> str:
@@ -99,13 +83,7 @@ def _text(log: Path) -> str:
 
 
 def _harness_argv() -> list[str]:
-    return [
-        str(BIN / "agentsessions-harness"),
-        "serve",
-        "agentsessions.harnesses.echo:EchoHarness",
-        "--listen",
-        "127.0.0.1:0",
-    ]
+    return serve_argv("agentsessions.harnesses.echo:EchoHarness")
 
 
 async def _describe(address: str) -> str:
@@ -136,17 +114,10 @@ async def test_an_empty_setting_keeps_grpcs_event_engine(tmp_path: Path) -> None
     assert LISTENER not in trace
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.mark.e2e
 async def test_the_host_serves_and_reaches_its_harness_on_the_io_manager(tmp_path: Path) -> None:
     async with _process(_harness_argv(), _traced({"GRPC_TRACE": None}), tmp_path / "harness.log") as harness:
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{free_port()}"
         argv = [
             str(BIN / "agentsessions"),
             "serve",

@@ -3,7 +3,6 @@ through ``tests.support.serving``)."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +26,3 @@ class PKI:
 def pki(tmp_path: Path) -> PKI:
     ca = Authority(tmp_path, "ca")
     return PKI(ca, Authority(tmp_path, "rogue"), ca.server("host"), ca.server("harness"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port

@@ -25,8 +25,9 @@ from agentsessions.sdk.server import HarnessServer, start_server
 from agentsessions.sdk.tls import ClientTLS, open_channel
 from agentsessions.v1 import common_pb2, harness_registry_pb2, harness_registry_pb2_grpc, session_pb2
 from tests.approvals.harnesses import ToolHarness
-from tests.security.conftest import PKI, free_port
+from tests.security.conftest import PKI
 from tests.support.outcome import call_outcome
+from tests.support.processes import free_port
 from tests.support.serving import serving
 
 ALICE = "alice-token-0123456789"  # writer in default

@@ -19,8 +19,8 @@ from agentsessions.sdk import cli as harness_cli
 from agentsessions.sdk.server import start_server
 from agentsessions.sdk.tls import ClientTLS, ServerTLS, TLSFilesError, open_channel
 from agentsessions.v1 import common_pb2, harness_registry_pb2, harness_registry_pb2_grpc
-from tests.security.conftest import PKI, free_port
-from tests.support.processes import harness_process, serve_argv
+from tests.security.conftest import PKI
+from tests.support.processes import free_port, harness_process, serve_argv
 from tests.support.serving import serving
 
 ROOT = Path(__file__).resolve().parents[2]
