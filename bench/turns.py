@@ -24,8 +24,10 @@ transport the ``agentsessions`` commands choose (``agentsessions.sdk.grpcenv``),
 floor measures the host's own work; the same floor on grpcio's default transport is measured too,
 as a control row. The clients stay on grpcio's default, as a user's program would.
 
-Throughputs are the best of ``repeats`` runs, floor and host interleaved. Results go to
-bench/results/turns.json and a table on stdout. Every process is stopped when the suite ends.
+Throughputs are the best of ``repeats`` runs, LangGraph's included: floors, hosts and LangGraph
+interleaved in the same rounds, LangGraph on a fresh file each run as the client's sessions are fresh
+each run. Results go to bench/results/turns.json and a table on stdout. Every process is stopped when
+the suite ends.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ RESULTS: Final = ROOT / "bench" / "results" / "turns.json"
 BIN: Final = Path(sys.executable).parent
 
 CONCURRENT: Final = 32
+LANGGRAPH: Final = "langgraph"  # its name in the throughput rounds' log
 # Issue #13's goals by concurrent sessions: one session waits on its durable commits one after
 # another, so its goals are lower than those of the 32, which are bound by CPU.
 GOAL_FLOOR_RATIO: Final = {"1": 0.50, str(CONCURRENT): 0.70}
@@ -330,17 +333,34 @@ class System:
     harness_pid: int
 
 
-def measure_throughput(report: Report, targets: dict[str, System], sizes: Sizes, log: TextIO) -> None:
+def measure_throughput(
+    report: Report, targets: dict[str, System], sizes: Sizes, log: TextIO, langgraph_dir: Path | None = None
+) -> None:
     """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved, with the
     CPU each process spent per turn (the client's over its timed window, the servers' over the
     whole client run, warmup included). The systems' order is reversed every other round: on this
-    machine the system measured first in a round runs a few per cent slower (bench/README.md)."""
+    machine the system measured first in a round runs a few per cent slower (bench/README.md).
+    With ``langgraph_dir`` LangGraph runs in each round too, last in it or first, and its best is
+    kept the same way (one run of it against the host's best of two favoured the host)."""
     for attempt in range(sizes.repeats):
         for sessions in (1, CONCURRENT):
-            order = list(targets.items())
+            order: list[tuple[str, System | None]] = list(targets.items())
+            if langgraph_dir is not None and "unavailable" not in report.langgraph:
+                order.append((LANGGRAPH, None))
             if attempt % 2:
                 order.reverse()
             for system, sut in order:
+                if sut is None:
+                    run_dir = langgraph_dir / f"round-{attempt + 1}" if langgraph_dir else None
+                    turns_per_s = measure_langgraph(report, run_dir, sessions, sizes)
+                    if turns_per_s is not None:
+                        print(
+                            f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
+                            f"{turns_per_s:8.1f} turns/s",
+                            file=log,
+                            flush=True,
+                        )
+                    continue
                 before = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
                 result = client_turns(sut.target, sut.harness, sessions, sizes)
                 after = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
@@ -441,27 +461,32 @@ def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) ->
     }
 
 
-def measure_langgraph(report: Report, workdir: Path, sizes: Sizes) -> None:
-    for threads in (1, CONCURRENT):
-        db = workdir / f"langgraph-{threads}.db"
-        result = run_json(
-            _python(
-                "bench.langgraph_echo",
-                "--db",
-                str(db),
-                "--threads",
-                str(threads),
-                "--warmup",
-                str(sizes.warmup),
-                "--seconds",
-                str(sizes.seconds),
-            ),
-            sizes.seconds + CLIENT_SLACK_S,
-        )
-        if "unavailable" in result:
-            report.langgraph = {"unavailable": result["unavailable"]}
-            return
-        report.langgraph[str(threads)] = result["turns_per_s"]
+def measure_langgraph(report: Report, workdir: Path | None, threads: int, sizes: Sizes) -> float | None:
+    """One LangGraph run of ``threads`` threads on a fresh file in ``workdir``; keeps the best in
+    ``report`` and returns this run's turns/s (None when LangGraph is not installed)."""
+    assert workdir is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = run_json(
+        _python(
+            "bench.langgraph_echo",
+            "--db",
+            str(workdir / f"langgraph-{threads}.db"),
+            "--threads",
+            str(threads),
+            "--warmup",
+            str(sizes.warmup),
+            "--seconds",
+            str(sizes.seconds),
+        ),
+        sizes.seconds + CLIENT_SLACK_S,
+    )
+    if "unavailable" in result:
+        report.langgraph = {"unavailable": result["unavailable"]}
+        return None
+    turns_per_s: float = result["turns_per_s"]
+    key = str(threads)
+    report.langgraph[key] = max(turns_per_s, report.langgraph.get(key, 0.0))
+    return turns_per_s
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -693,13 +718,12 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
             },
             sizes,
             log,
+            workdir / "langgraph",
         )
         print("model round trip", file=log, flush=True)
         measure_round_trips(report, f, {"host": host, "host-memory": host_memory}, "bench-loop", sizes)
         print("flatness", file=log, flush=True)
         measure_flatness(report, host, "bench-echo", sizes)
-    print("LangGraph", file=log, flush=True)
-    measure_langgraph(report, workdir, sizes)
 
 
 def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
