@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
 
 from agentsessions.host.models.provider import DeltaCallback, ModelProvider
@@ -21,7 +21,10 @@ from agentsessions.host.tools.profile import ToolProfile
 from agentsessions.v1 import common_pb2, harness_pb2
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
     from opentelemetry import metrics, trace
+    from opentelemetry.context import Context
 
 
 class _Instruments:
@@ -29,9 +32,10 @@ class _Instruments:
     then, so a host that exports nothing never loads it."""
 
     def __init__(self) -> None:
-        from opentelemetry import metrics, trace
+        from opentelemetry import context, metrics, trace
 
         self.trace = trace
+        self.context = context
         self.tracer = trace.get_tracer(names.INSTRUMENTATION)
         meter = metrics.get_meter(names.INSTRUMENTATION)
         self.turns = meter.create_counter(names.TURNS, unit="{turn}", description="Turns run, by outcome.")
@@ -104,27 +108,27 @@ def traced_turn(
                 names.SESSION: uid,
                 names.EXECUTION_ID: start.execution_id,
             }
-            with otel.tracer.start_as_current_span(
-                f"{names.INVOKE_AGENT} {resolved.name}",
-                attributes=attributes,
-                record_exception=False,
-                set_status_on_exception=False,
-            ) as span:
-                outcome = FAILED
-                try:
-                    result = await drive(self, uid, resolved, start, *args, **kwargs)
-                    outcome = COMPLETED if result is None else PARKED
-                    return result
-                except BaseException as exc:
-                    if cancelled(exc):
-                        outcome = CANCELLED
-                    else:
-                        span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-                        span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
-                    raise
-                finally:
-                    span.set_attribute(names.TURN_OUTCOME, outcome)
-                    otel.turns.add(1, {names.TURN_OUTCOME: outcome, names.GEN_AI_AGENT_NAME: resolved.name})
+            # The turn's span is the current one while it runs: its model calls, tool calls and
+            # appends nest under it, and the harness's trace context (Connect metadata) names it.
+            span = otel.tracer.start_span(f"{names.INVOKE_AGENT} {resolved.name}", attributes=attributes)
+            token = otel.context.attach(otel.trace.set_span_in_context(span))
+            outcome = FAILED
+            try:
+                result = await drive(self, uid, resolved, start, *args, **kwargs)
+                outcome = COMPLETED if result is None else PARKED
+                return result
+            except BaseException as exc:
+                if cancelled(exc):
+                    outcome = CANCELLED
+                else:
+                    span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
+                    span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
+                raise
+            finally:
+                span.set_attribute(names.TURN_OUTCOME, outcome)
+                otel.turns.add(1, {names.TURN_OUTCOME: outcome, names.GEN_AI_AGENT_NAME: resolved.name})
+                otel.context.detach(token)
+                span.end()
 
         return traced
 
@@ -162,46 +166,86 @@ def journal_append(uid: str, count: int) -> contextlib.AbstractContextManager[Ap
     """A ``journal.append`` span and the append latency around one durable append."""
     if not switch.enabled():
         return _UNTRACED
-    return _traced_append(uid, count)
+    return _Appending(uid, count)
 
 
-@contextlib.contextmanager
-def _traced_append(uid: str, count: int) -> Iterator[AppendSpan]:
-    attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
-    with _timed_span("journal.append", _otel().append_duration, {}, span_attributes=attributes) as span:
-        yield AppendSpan(span)
-
-
-@contextlib.contextmanager
-def _timed_span(
-    name: str,
-    duration: metrics.Histogram,
-    measured: dict[str, str | int],
-    *,
-    span_attributes: dict[str, str | int] | None = None,
-    kind: trace.SpanKind | None = None,
-) -> Iterator[trace.Span]:
+class _Timed:
     """A span (INTERNAL unless ``kind`` says) whose failure is marked with its error type (never its
     message) and whose duration is recorded on ``duration`` with the ``measured`` attributes (plus
-    the error type)."""
-    otel = _otel()
-    started = time.perf_counter()
-    with otel.tracer.start_as_current_span(
-        name,
-        kind=otel.trace.SpanKind.INTERNAL if kind is None else kind,
-        attributes=span_attributes if span_attributes is not None else measured,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            measured[names.ERROR_TYPE] = type(exc).__name__
+    the error type). With ``current`` it is the current span inside, so spans made there nest
+    under it. (A class rather than generator-based context managers, the SDK's
+    ``start_as_current_span`` and ``use_span`` among them: there are several a turn.)"""
+
+    __slots__ = (
+        "_current",
+        "_duration",
+        "_kind",
+        "_measured",
+        "_name",
+        "_span",
+        "_span_attributes",
+        "_started",
+        "_token",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        duration: metrics.Histogram,
+        measured: dict[str, str | int],
+        *,
+        span_attributes: dict[str, str | int] | None = None,
+        kind: trace.SpanKind | None = None,
+        current: bool = True,
+    ) -> None:
+        self._name = name
+        self._duration = duration
+        self._measured = measured
+        self._span_attributes = span_attributes
+        self._kind = kind
+        self._current = current
+        self._started = 0.0
+        self._token: Token[Context] | None = None
+
+    def __enter__(self) -> trace.Span:
+        otel = _otel()
+        self._started = time.perf_counter()
+        attributes = self._span_attributes if self._span_attributes is not None else self._measured
+        kind = otel.trace.SpanKind.INTERNAL if self._kind is None else self._kind
+        span = self._span = otel.tracer.start_span(self._name, kind=kind, attributes=attributes)
+        if self._current:
+            self._token = otel.context.attach(otel.trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        span = self._span
+        if exc is not None:
+            self._measured[names.ERROR_TYPE] = type(exc).__name__
             span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-            span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
-            raise
-        finally:
-            duration.record(time.perf_counter() - started, measured)
+            span.set_status(_otel().trace.Status(_otel().trace.StatusCode.ERROR))
+        self._duration.record(time.perf_counter() - self._started, self._measured)
+        if self._token is not None:
+            _otel().context.detach(self._token)
+        span.end()
+
+
+class _Appending(contextlib.AbstractContextManager[AppendSpan]):
+    """``journal_append`` while telemetry is on. The span is not made current: nothing nests under
+    an append, and attaching it would cost a context switch each way."""
+
+    __slots__ = ("_timed",)
+
+    def __init__(self, uid: str, count: int) -> None:
+        attributes: dict[str, str | int] = {names.SESSION: uid, names.JOURNAL_RECORDS: count}
+        self._timed = _Timed(
+            "journal.append", _otel().append_duration, {}, span_attributes=attributes, current=False
+        )
+
+    def __enter__(self) -> AppendSpan:
+        return AppendSpan(self._timed.__enter__())
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._timed.__exit__(kind, exc, tb)
 
 
 class TracedModel:
@@ -226,7 +270,7 @@ class TracedModel:
             attributes[names.GEN_AI_REQUEST_MODEL] = model
         name = f"{names.CHAT} {model}".strip()
         otel = _otel()
-        with _timed_span(name, otel.operation_duration, attributes, kind=otel.trace.SpanKind.CLIENT) as span:
+        with _Timed(name, otel.operation_duration, attributes, kind=otel.trace.SpanKind.CLIENT) as span:
             result = await self._provider.complete(call, on_delta)
             if result.HasField("usage"):
                 usage = result.usage
@@ -262,7 +306,7 @@ class TracedTools:
         }
         spanned = {**attributes, names.GEN_AI_TOOL_CALL_ID: call.id, names.SESSION: session_uid}
         name = f"{names.EXECUTE_TOOL} {call.tool}"
-        with _timed_span(name, _otel().operation_duration, attributes, span_attributes=spanned) as span:
+        with _Timed(name, _otel().operation_duration, attributes, span_attributes=spanned) as span:
             result = await self._tools.execute(session_uid, call)
             span.set_attribute(names.TOOL_IS_ERROR, result.is_error)
             return result

@@ -8,10 +8,10 @@ caller's span. Health checks are not traced (probes would drown the traces) but 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
 from agentsessions.host import requestid
-from agentsessions.host.interception import around_handler
+from agentsessions.host.interception import Wrapped, around_handler
 from agentsessions.host.telemetry import names, switch
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -46,59 +46,75 @@ _duration = _meter.create_histogram(
 
 
 class TelemetryInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self) -> None:
+        # Each method's handler wrapped once, not once per call: the caller's trace context is read
+        # in the call's own task. (A handler made per call here also made every call miss the
+        # access log's wrapper cache, one interceptor out.)
+        self._observed = Wrapped(_observed)
+
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or not switch.enabled():
             return handler
-        method: str = handler_call_details.method.lstrip("/")
-        metadata = handler_call_details.invocation_metadata
-        traced = method.rpartition("/")[0] not in _UNTRACED_SERVICES
-        return around_handler(handler, functools.partial(_observe, method, metadata, traced))
+        return self._observed.get(handler, handler_call_details.method.lstrip("/"))
 
 
-@contextlib.asynccontextmanager
-async def _observe(
-    method: str,
-    metadata: Iterable[tuple[str, str | bytes]] | None,
-    traced: bool,
-    context: aio.ServicerContext,
-) -> AsyncIterator[None]:
-    started = time.perf_counter()
-    span: trace.Span = trace.INVALID_SPAN
-    if traced:
-        parent = propagate.extract(_carrier(metadata))
-        span = _tracer.start_span(
-            method,
-            context=parent,
-            kind=trace.SpanKind.SERVER,
-            attributes={names.RPC_SYSTEM_NAME: "grpc", names.RPC_METHOD: method},
-        )
-        # Each RPC runs in its own task, so the attachment ends with the RPC and is never detached.
-        otel_context.attach(trace.set_span_in_context(span, parent))
-    code = grpc.StatusCode.OK
-    try:
-        yield
-        code = context.code() or grpc.StatusCode.OK
-    except aio.AbortError:
-        code = context.code() or grpc.StatusCode.UNKNOWN
-        raise
-    except BaseException as exc:
-        code = _code_of(exc, context)
-        span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-        raise
-    finally:
+def _observed(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    traced = method.rpartition("/")[0] not in _UNTRACED_SERVICES
+    return around_handler(handler, functools.partial(_Observed, method, traced))
+
+
+class _Observed:
+    """One call's span and duration. (A class rather than a generator-based context manager: it
+    wraps every call while telemetry is on.)"""
+
+    __slots__ = ("_context", "_deadline", "_method", "_span", "_started", "_traced")
+
+    def __init__(self, method: str, traced: bool, context: aio.ServicerContext) -> None:
+        self._method = method
+        self._traced = traced
+        self._context = context
+        self._span: trace.Span = trace.INVALID_SPAN
+        self._started = 0.0
+        self._deadline: float | None = None
+
+    async def __aenter__(self) -> None:
+        context = self._context
+        self._started = time.perf_counter()
+        remaining = context.time_remaining()
+        self._deadline = None if remaining is None else time.monotonic() + remaining
+        if self._traced:
+            parent = propagate.extract(_carrier(context.invocation_metadata()))
+            span = self._span = _tracer.start_span(
+                self._method,
+                context=parent,
+                kind=trace.SpanKind.SERVER,
+                attributes={names.RPC_SYSTEM_NAME: "grpc", names.RPC_METHOD: self._method},
+            )
+            # Each RPC runs in its own task, so the attachment ends with the RPC and is never detached.
+            otel_context.attach(trace.set_span_in_context(span, parent))
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        context, span = self._context, self._span
+        if exc is None:
+            code = context.code() or grpc.StatusCode.OK
+        elif isinstance(exc, aio.AbortError):
+            code = context.code() or grpc.StatusCode.UNKNOWN
+        else:
+            code = self._code_of(exc)
+            span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
         status_code = code.name if isinstance(code, grpc.StatusCode) else str(code)
         _duration.record(
-            time.perf_counter() - started,
+            time.perf_counter() - self._started,
             {
                 names.RPC_SYSTEM_NAME: "grpc",
-                names.RPC_METHOD: method,
+                names.RPC_METHOD: self._method,
                 names.RPC_RESPONSE_STATUS_CODE: status_code,
             },
         )
-        if traced:
+        if self._traced:
             span.set_attribute(names.RPC_RESPONSE_STATUS_CODE, status_code)
             if requestid.current():
                 span.set_attribute(names.REQUEST_ID, requestid.current())
@@ -107,16 +123,17 @@ async def _observe(
                 span.set_status(trace.Status(trace.StatusCode.ERROR))
             span.end()
 
-
-def _code_of(exc: BaseException, context: aio.ServicerContext) -> grpc.StatusCode:
-    if isinstance(exc, BaseExceptionGroup | Exception):
-        return grpc.StatusCode.UNKNOWN
-    remaining = context.time_remaining()
-    return (
-        grpc.StatusCode.DEADLINE_EXCEEDED
-        if remaining is not None and remaining <= 0
-        else grpc.StatusCode.CANCELLED
-    )
+    def _code_of(self, exc: BaseException) -> grpc.StatusCode:
+        if isinstance(exc, BaseExceptionGroup | Exception):
+            return grpc.StatusCode.UNKNOWN
+        if isinstance(exc, GeneratorExit):
+            # The stream was closed from outside and the call may already be released: the
+            # context is not touched (accesslog.py); the deadline noted at the start tells.
+            remaining = None if self._deadline is None else self._deadline - time.monotonic()
+        else:
+            remaining = self._context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
 
 
 def _carrier(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
