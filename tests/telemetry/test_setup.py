@@ -61,3 +61,27 @@ def test_otlp_uses_the_otlp_grpc_exporters() -> None:
     assert isinstance(spans, OTLPSpanExporter)
     assert isinstance(measurements, OTLPMetricExporter)
     spans.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("sampler", "argument", "exported"),
+    [("always_off", None, 0), ("traceidratio", "0", 0), ("traceidratio", "1", 20), (None, None, 20)],
+)
+def test_the_standard_sampler_variables_decide_which_traces_are_kept(
+    monkeypatch: pytest.MonkeyPatch, sampler: str | None, argument: str | None, exported: int
+) -> None:
+    for name, value in (("OTEL_TRACES_SAMPLER", sampler), ("OTEL_TRACES_SAMPLER_ARG", argument)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    out = io.StringIO()
+    built = setup.build("console", out)
+    assert built.tracer_provider is not None
+    tracer = built.tracer_provider.get_tracer("test")
+    for _ in range(20):
+        with tracer.start_as_current_span("probe"), tracer.start_as_current_span("child"):
+            pass
+    built.shutdown()
+    assert out.getvalue().count('"name": "probe"') == exported
+    assert out.getvalue().count('"name": "child"') == exported
