@@ -22,7 +22,9 @@ Every process is real and separate (client, host, harness), talking gRPC over lo
 Every server process (the floors, the ping-pong, the harnesses, the hosts) runs on the gRPC
 transport the ``agentsessions`` commands choose (``agentsessions.sdk.grpcenv``), so a ratio to the
 floor measures the host's own work; the same floor on grpcio's default transport is measured too,
-as a control row. The clients stay on grpcio's default, as a user's program would.
+as a control row. The clients stay on grpcio's default, as a user's program would; the host is
+driven once more by a client on the commands' transport, a control row beside the LangGraph goal
+(that client spends ~20% less CPU a turn, on the same two cores as the host).
 
 Throughputs are the best of ``repeats`` runs, LangGraph's included: floors, hosts and LangGraph
 interleaved in the same rounds, LangGraph on a fresh file each run as the client's sessions are fresh
@@ -60,6 +62,8 @@ BIN: Final = Path(sys.executable).parent
 
 CONCURRENT: Final = 32
 LANGGRAPH: Final = "langgraph"  # its name in the throughput rounds' log
+# The host again, its client on the transport the commands choose (a control: README, "gRPC's transport").
+CLIENT_IO: Final = "host-client-io"
 # Issue #13's goals by concurrent sessions: one session waits on its durable commits one after
 # another, so its goals are lower than those of the 32, which are bound by CPU.
 GOAL_FLOOR_RATIO: Final = {"1": 0.50, str(CONCURRENT): 0.70}
@@ -277,6 +281,7 @@ def client_turns(
     warmup: int | None = None,
     latencies: bool = False,
     seconds: float | None = None,
+    transport: str | None = None,
 ) -> dict[str, Any]:
     window = sizes.seconds if seconds is None else seconds
     argv = _python(
@@ -297,7 +302,7 @@ def client_turns(
         argv += ["--turns", str(turns)]
     if latencies:
         argv.append("--latencies")
-    return run_json(argv, window + CLIENT_SLACK_S)
+    return run_json(argv, window + CLIENT_SLACK_S, transport)
 
 
 # -- measurements --------------------------------------------------------------------------------
@@ -324,13 +329,15 @@ class Report:
 
 @dataclass(frozen=True)
 class System:
-    """A system under test: where the client dials, which harness it asks for, and the pids of
-    its host and harness processes (for CPU accounting)."""
+    """A system under test: where the client dials, which harness it asks for, the pids of its
+    host and harness processes (for CPU accounting), and the gRPC transport of its client (None:
+    grpcio's default, as a user's program has unless it chooses)."""
 
     target: str
     harness: str
     host_pid: int
     harness_pid: int
+    client_transport: str | None = None
 
 
 def measure_throughput(
@@ -362,7 +369,9 @@ def measure_throughput(
                         )
                     continue
                 before = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
-                result = client_turns(sut.target, sut.harness, sessions, sizes)
+                result = client_turns(
+                    sut.target, sut.harness, sessions, sizes, transport=sut.client_transport
+                )
                 after = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
                 turns = result["turns"] + sessions * sizes.warmup
                 cpu_ms = {"client": result["cpu_s"] * 1e3 / max(result["turns"], 1)}
@@ -596,7 +605,20 @@ def summary(report: Report) -> dict[str, Any]:
                 GOAL_LANGGRAPH_RATIO[n],
                 True,
             )
-    return {"goals": goals, "cpu_budget": cpu_budget(report, len(os.sched_getaffinity(0)))}
+        for n in ("1", str(CONCURRENT)):
+            goal(
+                f"control: host/LangGraph, its client on the commands' transport, {n} session(s)",
+                _ratio(t.get(CLIENT_IO, {}).get(n), report.langgraph.get(n)),
+                GOAL_LANGGRAPH_RATIO[n],
+                True,
+                control=True,
+            )
+    cores = len(os.sched_getaffinity(0))
+    return {
+        "goals": goals,
+        "cpu_budget": cpu_budget(report, cores),
+        "cpu_budget_client_io": cpu_budget(report, cores, CLIENT_IO),
+    }
 
 
 def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
@@ -607,6 +629,7 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         ("protocol floor (bare gRPC)", "floor"),
         ("floor, grpcio's default transport", "floor-default"),
         ("host, SQLite FULL", "host"),
+        ("  its client on the host's transport", CLIENT_IO),
         ("host, memory journal (diagnostic)", "host-memory"),
     ]
     for label, key in rows:
@@ -629,12 +652,17 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
             if cpu:
                 parts = " / ".join(_num(cpu.get(p), "{:.2f}") for p in ("host", "harness", "client"))
                 print(f"  {label:<36}{parts}", file=out)
-    budget = derived.get("cpu_budget")
-    if budget:
+    for key, whose in (
+        ("cpu_budget", "the benchmark's client"),
+        ("cpu_budget_client_io", "a client on the host's transport"),
+    ):
+        budget = derived.get(key)
+        if not budget:
+            continue
         parts = " + ".join(f"{k} {v:.2f}" for k, v in budget["cpu_ms_per_turn"].items())
         line = (
-            f"\nCPU budget, {budget['sessions']} sessions: {parts} = {budget['total_ms']:.2f} ms a turn on "
-            f"{budget['cores']} cores: at most {budget['cap_turns_per_s']:.0f} turns/s"
+            f"\nCPU budget, {budget['sessions']} sessions, {whose}: {parts} = {budget['total_ms']:.2f} ms a "
+            f"turn on {budget['cores']} cores: at most {budget['cap_turns_per_s']:.0f} turns/s"
         )
         if budget["turns_per_s"]:
             line += f"; the host did {budget['turns_per_s']:.1f} ({budget['share_of_cap']:.0%} of that)"
@@ -714,6 +742,8 @@ def _measure(report: Report, workdir: Path, sizes: Sizes, log: TextIO) -> None:
                     floor_default, "", pids["floor-default-host"], pids["floor-default-harness"]
                 ),
                 "host": System(host, "bench-echo", pids["host"], pids["echo-harness"]),
+                # The same host and harness, driven by a client on the transport the commands choose.
+                CLIENT_IO: System(host, "bench-echo", pids["host"], pids["echo-harness"], LEGACY_IO),
                 "host-memory": System(host_memory, "bench-echo", pids["host-memory"], pids["echo-harness"]),
             },
             sizes,

@@ -43,6 +43,7 @@ def test_the_report_prints_the_budget() -> None:
     derived["cpu_budget"] = turns.cpu_budget(r, cores=2)
     turns.print_report(r, derived, out)
     assert (
-        "CPU budget, 32 sessions: host 1.85 + harness 0.60 + client 0.55 = 3.00 ms a turn on 2 cores: "
-        "at most 667 turns/s; the host did 580.0 (87% of that); the LangGraph goal asks 690"
+        "CPU budget, 32 sessions, the benchmark's client: host 1.85 + harness 0.60 + client 0.55 = "
+        "3.00 ms a turn on 2 cores: at most 667 turns/s; the host did 580.0 (87% of that); "
+        "the LangGraph goal asks 690"
     ) in out.getvalue()
