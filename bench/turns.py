@@ -607,7 +607,7 @@ def summary(report: Report) -> dict[str, Any]:
             )
         for n in ("1", str(CONCURRENT)):
             goal(
-                f"control: host/LangGraph, its client on the commands' transport, {n} session(s)",
+                f"control: host/LangGraph, client on host's transport, {n} session(s)",
                 _ratio(t.get(CLIENT_IO, {}).get(n), report.langgraph.get(n)),
                 GOAL_LANGGRAPH_RATIO[n],
                 True,
@@ -629,7 +629,7 @@ def print_report(report: Report, derived: dict[str, Any], out: TextIO) -> None:
         ("protocol floor (bare gRPC)", "floor"),
         ("floor, grpcio's default transport", "floor-default"),
         ("host, SQLite FULL", "host"),
-        ("  its client on the host's transport", CLIENT_IO),
+        ("  its client on host's transport", CLIENT_IO),
         ("host, memory journal (diagnostic)", "host-memory"),
     ]
     for label, key in rows:

@@ -51,7 +51,7 @@ def test_a_client_on_the_commands_transport_is_a_control_beside_the_langgraph_go
     goals = {g["goal"]: g for g in turns.summary(r)["goals"]}
     assert goals["host/LangGraph turns/s, 32 session(s)"]["value"] == pytest.approx(2.7)
     assert goals["host/LangGraph turns/s, 32 session(s)"]["met"] is False
-    control = goals["control: host/LangGraph, its client on the commands' transport, 32 session(s)"]
+    control = goals["control: host/LangGraph, client on host's transport, 32 session(s)"]
     assert control["value"] == pytest.approx(3.0)
     assert control["met"] is None
 
