@@ -19,8 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from agentsessions.host.accesslog import AccessLogInterceptor
 from agentsessions.host.telemetry import names, switch
 from agentsessions.host.telemetry.rpc import TelemetryInterceptor
-from agentsessions.v1 import session_pb2, session_pb2_grpc
-from tests.host.test_host_accesslog import ProbeServicer, add_probe
+from tests.support.probe import ProbeServicer, probe_fixtures, replay_cancelled, replay_past_deadline
 from tests.telemetry.conftest import Telemetry
 
 REPLAY = "agentsessions.v1.Sessions/Replay"
@@ -52,19 +51,7 @@ def traced(telemetry: Telemetry) -> Iterator[Telemetry]:
     yield telemetry
 
 
-@pytest.fixture
-def grpc_add_to_server() -> Any:
-    return add_probe
-
-
-@pytest.fixture
-def grpc_servicer() -> ProbeServicer:
-    return ProbeServicer()
-
-
-@pytest.fixture
-def grpc_stub_cls() -> Any:
-    return session_pb2_grpc.SessionsStub
+grpc_add_to_server, grpc_servicer, grpc_stub_cls = probe_fixtures()
 
 
 @pytest.fixture
@@ -91,12 +78,7 @@ async def the_span(telemetry: Telemetry, name: str) -> ReadableSpan:
 async def test_a_stream_the_client_cancels_is_a_cancelled_server_span(
     grpc_stub: Any, grpc_servicer: ProbeServicer, traced: Telemetry
 ) -> None:
-    call = grpc_stub.Replay(session_pb2.ReplayRequest(), timeout=60)
-    reading = asyncio.ensure_future(call.read())
-    await asyncio.wait_for(grpc_servicer.started.wait(), timeout=30)
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await reading
+    await replay_cancelled(grpc_stub, grpc_servicer)
     span = await the_span(traced, REPLAY)
     assert span.kind is SpanKind.SERVER
     attributes = dict(span.attributes or {})
@@ -108,13 +90,7 @@ async def test_a_stream_the_client_cancels_is_a_cancelled_server_span(
 async def test_a_stream_past_its_deadline_is_an_error_server_span(
     grpc_stub: Any, grpc_servicer: ProbeServicer, traced: Telemetry
 ) -> None:
-    call = grpc_stub.Replay(session_pb2.ReplayRequest(), timeout=2)
-    with pytest.raises(aio.AioRpcError) as raised:
-        async for _ in call:
-            pass
-    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    if not grpc_servicer.started.is_set():
-        pytest.skip("the deadline passed before the handler started (machine too loaded)")
+    await replay_past_deadline(grpc_stub, grpc_servicer)
     span = await the_span(traced, REPLAY)
     assert dict(span.attributes or {})[names.RPC_RESPONSE_STATUS_CODE] == "DEADLINE_EXCEEDED"
     assert span.status.status_code is StatusCode.ERROR

@@ -101,13 +101,13 @@ class _Call:
     def failed(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):
             # The handler was cancelled while its call is live: ask the call how much time it had left.
-            self.code = _cancel_code(self.context.time_remaining())
+            self.code = cancel_code(self.context.time_remaining())
         elif isinstance(exc, GeneratorExit):
             # The stream was closed from outside (client gone, deadline passed, server stopped) and
             # the call may already be released: the context is not touched; the deadline noted at
             # the start tells which it was.
             remaining = None if self.deadline is None else self.deadline - time.monotonic()
-            self.code = _cancel_code(remaining)
+            self.code = cancel_code(remaining)
         elif not isinstance(exc, aio.AbortError):
             # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.
             self.code = grpc.StatusCode.UNKNOWN
@@ -132,12 +132,13 @@ class _Call:
         logs.log_fields(log, level, "rpc", values)
 
 
-def _cancel_code(remaining: float | None) -> grpc.StatusCode:
+def cancel_code(remaining: float | None) -> grpc.StatusCode:
     """DEADLINE_EXCEEDED for a cancel that came at (or just before) the call's deadline, else CANCELLED.
 
     The caller's deadline runs from when it sent the call, the host's from when the call arrived, so
     the caller gives up first by the call's transit time and the host sees a plain cancel a little
-    before its own deadline; a cancel within that slack of the deadline is the deadline.
+    before its own deadline; a cancel within that slack of the deadline is the deadline. (The RPC
+    span's status code, agentsessions.host.telemetry.rpc, is told the same way.)
     """
     expired = remaining is not None and remaining <= _DEADLINE_SLACK_S
     return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED

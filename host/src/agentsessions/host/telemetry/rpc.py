@@ -19,6 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
 from agentsessions.host import requestid
+from agentsessions.host.accesslog import cancel_code
 from agentsessions.host.interception import Wrapped, around_handler
 from agentsessions.host.telemetry import names, switch
 
@@ -129,11 +130,8 @@ class _Observed:
         if isinstance(exc, GeneratorExit):
             # The stream was closed from outside and the call may already be released: the
             # context is not touched (accesslog.py); the deadline noted at the start tells.
-            remaining = None if self._deadline is None else self._deadline - time.monotonic()
-        else:
-            remaining = self._context.time_remaining()
-        expired = remaining is not None and remaining <= 0
-        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            return cancel_code(None if self._deadline is None else self._deadline - time.monotonic())
+        return cancel_code(self._context.time_remaining())
 
 
 def _carrier(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
