@@ -358,8 +358,10 @@ def measure_throughput(
                 order.reverse()
             for system, sut in order:
                 if sut is None:
-                    run_dir = langgraph_dir / f"round-{attempt + 1}" if langgraph_dir else None
-                    turns_per_s = measure_langgraph(report, run_dir, sessions, sizes)
+                    assert langgraph_dir is not None  # only then is LangGraph in the order
+                    turns_per_s = measure_langgraph(
+                        report, langgraph_dir / f"round-{attempt + 1}", sessions, sizes
+                    )
                     if turns_per_s is not None:
                         print(
                             f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
@@ -470,10 +472,9 @@ def measure_flatness(report: Report, target: str, harness: str, sizes: Sizes) ->
     }
 
 
-def measure_langgraph(report: Report, workdir: Path | None, threads: int, sizes: Sizes) -> float | None:
+def measure_langgraph(report: Report, workdir: Path, threads: int, sizes: Sizes) -> float | None:
     """One LangGraph run of ``threads`` threads on a fresh file in ``workdir``; keeps the best in
     ``report`` and returns this run's turns/s (None when LangGraph is not installed)."""
-    assert workdir is not None
     workdir.mkdir(parents=True, exist_ok=True)
     result = run_json(
         _python(
