@@ -218,14 +218,14 @@ class _Timed:
         return span
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        span = self._span
+        span, otel = self._span, _otel()
         if exc is not None:
             self._measured[names.ERROR_TYPE] = type(exc).__name__
             span.set_attribute(names.ERROR_TYPE, type(exc).__name__)
-            span.set_status(_otel().trace.Status(_otel().trace.StatusCode.ERROR))
+            span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR))
         self._duration.record(time.perf_counter() - self._started, self._measured)
         if self._token is not None:
-            _otel().context.detach(self._token)
+            otel.context.detach(self._token)
         span.end()
 
 
