@@ -33,6 +33,7 @@ import json
 import os
 import random
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -47,7 +48,7 @@ from grpc import aio
 
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from bench import resultfile
-from bench.turns import ROOT, Fleet, fleet, verify_journal
+from bench.turns import ROOT, Fleet, cpu_seconds, fleet, verify_journal
 
 RESULTS: Final = ROOT / "bench" / "results" / "load.json"
 GOAL_READER_SLOWDOWN: Final = 0.20
@@ -157,6 +158,23 @@ def _usage(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _machine_busy() -> float:
+    """CPU seconds every core of the machine has spent busy (not idle, not waiting on I/O) since
+    boot, from the first line of /proc/stat; 0.0 where there is no /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            ticks = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    # user nice system idle iowait irq softirq steal ...: everything but idle and iowait.
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 async def _drive(
     address: str, pid: int, args: argparse.Namespace, readers: bool, workdir: Path
 ) -> dict[str, Any]:
@@ -213,10 +231,12 @@ async def _drive(
         sampler = asyncio.create_task(_sample(pid, stop, peak))
         began = time.monotonic()
         until = began + args.seconds
+        cpu_began = (cpu_seconds(pid), _own_cpu(), _machine_busy())
         await asyncio.gather(
             *(_turns(stubs[i % CHANNELS], uid, until, calls, started) for i, uid in enumerate(uids))
         )
         elapsed = time.monotonic() - began
+        cpu_ended = (cpu_seconds(pid), _own_cpu(), _machine_busy())
         stop.set()
         await sampler
         reader_report: dict[str, Any] = {}
@@ -226,11 +246,14 @@ async def _drive(
             await proc.wait()
             part: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
             # Each process reports every kind; only the kind it ran is its own.
-            reader_report.update({k: v for k, v in part.items() if k == "watch" or v["calls"] or v["errors"]})
+            reader_report.update(
+                {k: v for k, v in part.items() if k == "watch" or v["calls"] or v["errors"] or "cpu_s" in v}
+            )
         for kind in ("replay", "list"):
             reader_report.setdefault(kind, Calls().summary())
         # Turns that started inside the window, over the window.
         in_window = sum(1 for t in started if t < until)
+        host_began, host_ended = cpu_began[0], cpu_ended[0]
         return {
             "sessions": len(uids),
             "seconds": elapsed,
@@ -238,6 +261,21 @@ async def _drive(
             "turns_per_s": in_window / args.seconds,
             "host_peak": peak,
             "readers": reader_report,
+            # Where the machine's CPU went over the window, in cores (CPU seconds a second): the
+            # host, this process (the turns' client), each reader process, and the whole machine.
+            "cpu_cores": {
+                "host": (host_ended - host_began) / elapsed
+                if host_began is not None and host_ended is not None
+                else 0.0,
+                "turn_client": (cpu_ended[1] - cpu_began[1]) / elapsed,
+                **{
+                    f"readers_{kind}": reader_report[kind]["cpu_s"] / reader_report[kind]["seconds"]
+                    for kind in ("replay", "list", "watch")
+                    if reader_report.get(kind, {}).get("seconds")
+                },
+                "machine": (cpu_ended[2] - cpu_began[2]) / elapsed,
+                "cores": os.cpu_count() or 1,
+            },
         }
     finally:
         for channel in channels:
@@ -392,7 +430,8 @@ async def _watcher(
 
 async def _readers(args: argparse.Namespace) -> dict[str, Any]:
     uids: list[str] = args.uid_list
-    until = time.monotonic() + args.seconds
+    began, cpu_began = time.monotonic(), _own_cpu()
+    until = began + args.seconds
     channel = aio.insecure_channel(args.target)
     try:
         stub = session_pb2_grpc.SessionsStub(channel)
@@ -417,6 +456,10 @@ async def _readers(args: argparse.Namespace) -> dict[str, Any]:
                 "records_delivered": watched["calls"],
                 "errors": watched["errors"],
             }
+        # This process runs one kind of reader: its CPU over its run is that kind's.
+        ran = next((kind for kind in ("replay", "list", "watch") if getattr(args, kind)), None)
+        if ran is not None:
+            report[ran] |= {"cpu_s": _own_cpu() - cpu_began, "seconds": time.monotonic() - began}
         return report
     finally:
         await channel.close()
@@ -461,6 +504,17 @@ def _print(name: str, phase: dict[str, Any]) -> None:
         )
         print(f"  watch   {shown}   errors {watch['errors'] or 0}")
     print(f"  host peak RSS {peak.get('rss_kib', 0) / 1024:.0f} MiB, open fds {peak.get('fds', 0)}")
+    cores = phase.get("cpu_cores")
+    if cores:
+        readers = {k.removeprefix("readers_"): v for k, v in cores.items() if k.startswith("readers_")}
+        shown = ", ".join(f"{kind} {used:.2f}" for kind, used in readers.items())
+        per_turn = cores["host"] / phase["turns_per_s"] * 1000 if phase["turns_per_s"] else 0.0
+        print(
+            f"  CPU in cores: host {cores['host']:.2f} ({per_turn:.2f} ms a turn), turns' client "
+            f"{cores['turn_client']:.2f}"
+            + (f", readers {sum(readers.values()):.2f} ({shown})" if readers else "")
+            + f"; the machine {cores['machine']:.2f} of {cores['cores']}"
+        )
     check = phase["journal"]
     print(
         f"  journal verify exit {check['verify_exit']} {' '.join(check['verify_output'])}; "
