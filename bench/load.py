@@ -18,10 +18,12 @@ built-in echo harness and model) over loopback, measured in the same run:
 Reported per phase: turns/s, turn latency p50/p99, every error by status code (turns and readers),
 reader latency p50/p99 per kind, the same calls' time in the host's handlers (p50/p99 from its access
 log: a caller's latency less the wait before the host's code sees the call and the way back), the
-host's peak RSS and open file descriptors (from /proc). After
-each phase the host drains and stops, then the journal is verified offline (``agentsessions journal
-verify``) and every execution in it is checked complete (an END record). The goals (reliability
-issue): 0 errors, turns/s with readers within 20% of turns only, ListSessions p99 under 100 ms.
+host's peak RSS and open file descriptors (from /proc), and where the machine's CPU went over the
+window, in cores (CPU seconds a second): the host, the turns' client, each reader process and the
+whole machine, with the host's CPU a turn. After each phase the host drains and stops, then the
+journal is verified offline (``agentsessions journal verify``) and every execution in it is checked
+complete (an END record). The goals (reliability issue): 0 errors, turns/s with readers within 20%
+of turns only, ListSessions p99 under 100 ms.
 """
 
 from __future__ import annotations
