@@ -544,11 +544,15 @@ def run(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv))
     if args.quick:
         args.sessions, args.seconds, args.replay, args.list, args.watch = 20, 5.0, 2, 2, 2
+    pace = {"start_ms": resultfile.pace()}
     with tempfile.TemporaryDirectory(prefix="agentsessions-bench-load-") as tmp:
         alone = _phase("turns only", args, False, Path(tmp))
+        pace["between_ms"] = resultfile.pace()
         mixed = _phase("turns + readers", args, True, Path(tmp))
+    pace["end_ms"] = resultfile.pace()
     _print("turns only", alone)
     _print("turns + readers", mixed)
+    print(resultfile.pace_line(pace))
     slowdown = 1 - mixed["turns_per_s"] / alone["turns_per_s"] if alone["turns_per_s"] else 1.0
     list_p99 = mixed["readers"].get("list", {}).get("p99_ms", 0.0) / 1000
     errors = _errors(alone) + _errors(mixed)
@@ -583,7 +587,7 @@ def run(argv: Sequence[str] = ()) -> int:
     document = {
         "benchmark": "load",
         "when_unix": int(time.time()),
-        "machine": resultfile.machine(),
+        "machine": resultfile.machine(pace=pace),
         "quick": args.quick,
         "arguments": {k: v for k, v in vars(args).items() if k != "out"} | {"out": str(args.out)},
         "turns_only": alone,

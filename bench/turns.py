@@ -761,17 +761,20 @@ def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
     sizes = QUICK if quick else LONG if long else FULL
     report = Report(sizes)
     workdir = Path(tempfile.mkdtemp(prefix="agentsessions-bench-turns-"))
+    pace = {"start_ms": resultfile.pace()}
     try:
         _measure(report, workdir, sizes, sys.stdout)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    pace["end_ms"] = resultfile.pace()
     derived = summary(report)
     print_report(report, derived, sys.stdout)
+    print(resultfile.pace_line(pace))
     document = {
         "suite": "turns",
         "quick": quick,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": resultfile.machine(),
+        "machine": resultfile.machine(pace=pace),
         "sizes": report.sizes.__dict__,
         "turns_per_s": report.throughput,
         "cpu_ms_per_turn": report.cpu_ms_per_turn,
