@@ -544,15 +544,20 @@ def run(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv))
     if args.quick:
         args.sessions, args.seconds, args.replay, args.list, args.watch = 20, 5.0, 2, 2, 2
-    pace = {"start_ms": resultfile.pace()}
+    pace: dict[str, Any] = {"start_ms": resultfile.pace()}
     with tempfile.TemporaryDirectory(prefix="agentsessions-bench-load-") as tmp:
-        alone = _phase("turns only", args, False, Path(tmp))
+        with resultfile.PaceSampler() as alone_pace:
+            alone = _phase("turns only", args, False, Path(tmp))
         pace["between_ms"] = resultfile.pace()
-        mixed = _phase("turns + readers", args, True, Path(tmp))
+        with resultfile.PaceSampler() as mixed_pace:
+            mixed = _phase("turns + readers", args, True, Path(tmp))
     pace["end_ms"] = resultfile.pace()
+    alone["machine_pace"], mixed["machine_pace"] = alone_pace.summary(), mixed_pace.summary()
     _print("turns only", alone)
     _print("turns + readers", mixed)
     print(resultfile.pace_line(pace))
+    for name, phase in (("turns only", alone), ("turns + readers", mixed)):
+        print(f"  during {name}: {resultfile.sampled_line(phase['machine_pace'])}")
     slowdown = 1 - mixed["turns_per_s"] / alone["turns_per_s"] if alone["turns_per_s"] else 1.0
     list_p99 = mixed["readers"].get("list", {}).get("p99_ms", 0.0) / 1000
     errors = _errors(alone) + _errors(mixed)

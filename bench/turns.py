@@ -761,12 +761,13 @@ def run(*, quick: bool, long: bool = False, out: Path = RESULTS) -> int:
     sizes = QUICK if quick else LONG if long else FULL
     report = Report(sizes)
     workdir = Path(tempfile.mkdtemp(prefix="agentsessions-bench-turns-"))
-    pace = {"start_ms": resultfile.pace()}
+    pace: dict[str, Any] = {"start_ms": resultfile.pace()}
     try:
-        _measure(report, workdir, sizes, sys.stdout)
+        with resultfile.PaceSampler() as sampler:
+            _measure(report, workdir, sizes, sys.stdout)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    pace["end_ms"] = resultfile.pace()
+    pace |= {"end_ms": resultfile.pace(), "during": sampler.summary()}
     derived = summary(report)
     print_report(report, derived, sys.stdout)
     print(resultfile.pace_line(pace))
