@@ -587,6 +587,12 @@ def run(argv: Sequence[str] = ()) -> int:
         f"(goal < {GOAL_LIST_P99_S * 1000:.0f} ms): {'met' if goals['list_p99_s']['met'] else 'MISSED'}"
     )
     print(f"  journals verify, every execution complete: {'met' if complete else 'MISSED'}")
+    control = pace_control(alone["machine_pace"], mixed["machine_pace"])
+    if control is not None:
+        print(
+            f"  control: the machine's pace with readers / alone {control:.2f} (median CPU of the fixed "
+            f"work in each phase): {_pace_verdict(control)}"
+        )
     if args.quick:
         print("  (quick run: not a measurement)")
     document = {
@@ -598,9 +604,33 @@ def run(argv: Sequence[str] = ()) -> int:
         "turns_only": alone,
         "turns_and_readers": mixed,
         "goals": goals,
+        "controls": {"pace_with_readers_over_alone": control},
     }
     resultfile.write(args.out, document, sort_keys=False)
     return 0 if all(goal["met"] for goal in goals.values()) else 1
+
+
+PACE_ALIKE: Final = 0.10  # phases whose median paces differ by more met different machines
+
+
+def pace_control(alone: dict[str, Any], mixed: dict[str, Any]) -> float | None:
+    """The readers phase's median pace over the turns-only phase's (None without samples): near 1,
+    the two phases ran on the same machine; far from it, the slowdown mixes the readers' cost with
+    the machine's."""
+    if not alone.get("samples") or not mixed.get("samples"):
+        return None
+    ratio: float = mixed["median_ms"] / alone["median_ms"]
+    return ratio
+
+
+def _pace_verdict(ratio: float) -> str:
+    if abs(ratio - 1) <= PACE_ALIKE:
+        return "the phases ran at the same pace"
+    slower = "slower" if ratio > 1 else "faster"
+    return (
+        f"the machine ran {abs(ratio - 1):.0%} {slower} with the readers: the slowdown above is not "
+        "the readers' alone; run again"
+    )
 
 
 def _readers_main(argv: Sequence[str]) -> int:
