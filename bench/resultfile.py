@@ -110,8 +110,8 @@ class PaceSampler:
             self._reader.join(timeout=30)
 
     def summary(self) -> dict[str, float]:
-        """The samples' count, fastest and median (ms), and the share of them that were slow (over
-        ``SLOW_PACE`` times the fastest)."""
+        """The samples' count, fastest, median and mean (ms), and the share of them that were slow
+        (over ``SLOW_PACE`` times the fastest)."""
         if not self.samples:
             return {"samples": 0}
         fastest = min(self.samples)
@@ -120,6 +120,7 @@ class PaceSampler:
             "samples": len(self.samples),
             "fastest_ms": fastest,
             "median_ms": statistics.median(self.samples),
+            "mean_ms": statistics.fmean(self.samples),
             "slow_share": slow / len(self.samples),
         }
 
