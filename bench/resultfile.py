@@ -1,5 +1,6 @@
-"""A suite's results file (``bench/results/<suite>.json``): the machine it ran on, and the JSON
-document written out, so every suite records the same facts in the same form."""
+"""A suite's results file (``bench/results/<suite>.json``): the machine it ran on (and, for the
+suites that time it, that machine's pace while they ran), and the JSON document written out, so
+every suite records the same facts in the same form."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def pace(repeats: int = PACE_REPEATS) -> float:
                 _step(table, j)
         best = min(best, time.thread_time() - began)
     return best * 1000
+
+
+def _step(table: dict[str, int], j: int) -> int:
+    return table.setdefault(str(j), j)
 
 
 class PaceSampler:
@@ -145,10 +150,6 @@ def sampled_line(during: Mapping[str, Any]) -> str:
         f"sampled {during['samples']} times, fastest {during['fastest_ms']:.1f} ms, median "
         f"{during['median_ms']:.1f}, {during['slow_share']:.0%} slow (over {SLOW_PACE}x the fastest)"
     )
-
-
-def _step(table: dict[str, int], j: int) -> int:
-    return table.setdefault(str(j), j)
 
 
 def write(out: Path, document: Mapping[str, Any], *, sort_keys: bool = True) -> None:
