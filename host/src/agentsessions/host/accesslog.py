@@ -92,22 +92,15 @@ class _Call:
         # server has released the call, and touching the context then crashes grpc's C core. Only
         # a logged line needs it (a server fault, logged at error, reads it in ``failed``).
         self.peer = context.peer() if log.isEnabledFor(logging.INFO) else ""
-        remaining = context.time_remaining()
-        self.deadline = None if remaining is None else time.monotonic() + remaining
+        self.deadline = noted_deadline(context)
         # Each RPC runs in its own task, so the binding ends with the RPC and is never reset here.
         requestid.bind(request_id)
         context.set_trailing_metadata(((requestid.HEADER, request_id),))
 
     def failed(self, exc: BaseException) -> None:
-        if isinstance(exc, asyncio.CancelledError):
-            # The handler was cancelled while its call is live: ask the call how much time it had left.
-            self.code = cancel_code(self.context.time_remaining())
-        elif isinstance(exc, GeneratorExit):
-            # The stream was closed from outside (client gone, deadline passed, server stopped) and
-            # the call may already be released: the context is not touched; the deadline noted at
-            # the start tells which it was.
-            remaining = None if self.deadline is None else self.deadline - time.monotonic()
-            self.code = cancel_code(remaining)
+        cancelled = cancelled_code(exc, self.context, self.deadline)
+        if cancelled is not None:
+            self.code = cancelled
         elif not isinstance(exc, aio.AbortError):
             # grpc answers UNKNOWN for an exception a handler lets escape; only its type is logged.
             self.code = grpc.StatusCode.UNKNOWN
@@ -132,13 +125,36 @@ class _Call:
         logs.log_fields(log, level, "rpc", values)
 
 
+def noted_deadline(context: aio.ServicerContext) -> float | None:
+    """The call's deadline on the monotonic clock (None: it has none), read at its start, while the
+    call is certainly alive, for ``cancelled_code``."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def cancelled_code(
+    exc: BaseException, context: aio.ServicerContext, deadline: float | None
+) -> grpc.StatusCode | None:
+    """The status of a call that ``exc`` cancelled (``cancel_code``), None for any other ending.
+
+    A cancelled handler's call is live, so it is asked how much time it had left. A stream closed
+    from outside (GeneratorExit: client gone, deadline passed, server stopped) may already be
+    released by the server, and touching its context then crashes grpc's C core: the ``deadline``
+    noted at the start (``noted_deadline``) tells which it was."""
+    if isinstance(exc, asyncio.CancelledError):
+        return cancel_code(context.time_remaining())
+    if isinstance(exc, GeneratorExit):
+        return cancel_code(None if deadline is None else deadline - time.monotonic())
+    return None
+
+
 def cancel_code(remaining: float | None) -> grpc.StatusCode:
     """DEADLINE_EXCEEDED for a cancel that came at (or just before) the call's deadline, else CANCELLED.
 
     The caller's deadline runs from when it sent the call, the host's from when the call arrived, so
     the caller gives up first by the call's transit time and the host sees a plain cancel a little
     before its own deadline; a cancel within that slack of the deadline is the deadline. (The RPC
-    span's status code, agentsessions.host.telemetry.rpc, is told the same way.)
+    span's status code, agentsessions.host.telemetry.rpc, is told the same way: ``cancelled_code``.)
     """
     expired = remaining is not None and remaining <= _DEADLINE_SLACK_S
     return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED

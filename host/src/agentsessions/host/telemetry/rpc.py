@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
 from agentsessions.host import requestid
-from agentsessions.host.accesslog import cancel_code
+from agentsessions.host.accesslog import cancel_code, cancelled_code, noted_deadline
 from agentsessions.host.interception import Wrapped, around_handler
 from agentsessions.host.telemetry import names, switch
 
@@ -84,8 +84,7 @@ class _Observed:
     async def __aenter__(self) -> None:
         context = self._context
         self._started = time.perf_counter()
-        remaining = context.time_remaining()
-        self._deadline = None if remaining is None else time.monotonic() + remaining
+        self._deadline = noted_deadline(context)
         if self._traced:
             parent = propagate.extract(_carrier(context.invocation_metadata()))
             span = self._span = _tracer.start_span(
@@ -127,11 +126,8 @@ class _Observed:
     def _code_of(self, exc: BaseException) -> grpc.StatusCode:
         if isinstance(exc, BaseExceptionGroup | Exception):
             return grpc.StatusCode.UNKNOWN
-        if isinstance(exc, GeneratorExit):
-            # The stream was closed from outside and the call may already be released: the
-            # context is not touched (accesslog.py); the deadline noted at the start tells.
-            return cancel_code(None if self._deadline is None else self._deadline - time.monotonic())
-        return cancel_code(self._context.time_remaining())
+        cancelled = cancelled_code(exc, self._context, self._deadline)
+        return cancelled if cancelled is not None else cancel_code(self._context.time_remaining())
 
 
 def _carrier(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
