@@ -35,7 +35,6 @@ import json
 import os
 import random
 import re
-import resource
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from grpc import aio
 
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from bench import resultfile
+from bench.turn_client import own_cpu
 from bench.turns import ROOT, Fleet, cpu_seconds, fleet, verify_journal
 
 RESULTS: Final = ROOT / "bench" / "results" / "load.json"
@@ -160,11 +160,6 @@ def _usage(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def _own_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _machine_busy() -> float:
     """CPU seconds every core of the machine has spent busy (not idle, not waiting on I/O) since
     boot, from the first line of /proc/stat; 0.0 where there is no /proc."""
@@ -233,12 +228,12 @@ async def _drive(
         sampler = asyncio.create_task(_sample(pid, stop, peak))
         began = time.monotonic()
         until = began + args.seconds
-        cpu_began = (cpu_seconds(pid), _own_cpu(), _machine_busy())
+        cpu_began = (cpu_seconds(pid), own_cpu(), _machine_busy())
         await asyncio.gather(
             *(_turns(stubs[i % CHANNELS], uid, until, calls, started) for i, uid in enumerate(uids))
         )
         elapsed = time.monotonic() - began
-        cpu_ended = (cpu_seconds(pid), _own_cpu(), _machine_busy())
+        cpu_ended = (cpu_seconds(pid), own_cpu(), _machine_busy())
         stop.set()
         await sampler
         reader_report: dict[str, Any] = {}
@@ -432,7 +427,7 @@ async def _watcher(
 
 async def _readers(args: argparse.Namespace) -> dict[str, Any]:
     uids: list[str] = args.uid_list
-    began, cpu_began = time.monotonic(), _own_cpu()
+    began, cpu_began = time.monotonic(), own_cpu()
     until = began + args.seconds
     channel = aio.insecure_channel(args.target)
     try:
@@ -461,7 +456,7 @@ async def _readers(args: argparse.Namespace) -> dict[str, Any]:
         # This process runs one kind of reader: its CPU over its run is that kind's.
         ran = next((kind for kind in ("replay", "list", "watch") if getattr(args, kind)), None)
         if ran is not None:
-            report[ran] |= {"cpu_s": _own_cpu() - cpu_began, "seconds": time.monotonic() - began}
+            report[ran] |= {"cpu_s": own_cpu() - cpu_began, "seconds": time.monotonic() - began}
         return report
     finally:
         await channel.close()

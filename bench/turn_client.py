@@ -77,7 +77,7 @@ async def run_turns(
         loads = [SessionLoad(await _create(stub, harness)) for _ in range(sessions)]
         await asyncio.gather(*(_warm(stub, load.uid, warmup) for load in loads))
         began = time.perf_counter()
-        cpu_began = _cpu()
+        cpu_began = own_cpu()
         deadline = began + seconds
 
         async def drive(load: SessionLoad) -> None:
@@ -88,7 +88,7 @@ async def run_turns(
 
         await asyncio.gather(*(drive(load) for load in loads))
         elapsed = time.perf_counter() - began
-        cpu = _cpu() - cpu_began
+        cpu = own_cpu() - cpu_began
     done = sum(len(load.latencies) for load in loads)
     result: dict[str, Any] = {
         "sessions": sessions,
@@ -103,7 +103,8 @@ async def run_turns(
     return result
 
 
-def _cpu() -> float:
+def own_cpu() -> float:
+    """User + system CPU seconds this process has used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 

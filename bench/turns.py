@@ -363,12 +363,7 @@ def measure_throughput(
                         report, langgraph_dir / f"round-{attempt + 1}", sessions, sizes
                     )
                     if turns_per_s is not None:
-                        print(
-                            f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
-                            f"{turns_per_s:8.1f} turns/s",
-                            file=log,
-                            flush=True,
-                        )
+                        _progress(log, attempt, sizes, system, sessions, turns_per_s)
                     continue
                 before = (cpu_seconds(sut.host_pid), cpu_seconds(sut.harness_pid))
                 result = client_turns(
@@ -382,12 +377,18 @@ def measure_throughput(
                         cpu_ms[name] = (a - b) * 1e3 / turns
                 report.best(system, sessions, result["turns_per_s"], cpu_ms)
                 report.updates_per_turn[system] = result["updates_per_turn"]
-                print(
-                    f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
-                    f"{result['turns_per_s']:8.1f} turns/s",
-                    file=log,
-                    flush=True,
-                )
+                _progress(log, attempt, sizes, system, sessions, result["turns_per_s"])
+
+
+def _progress(
+    log: TextIO, attempt: int, sizes: Sizes, system: str, sessions: int, turns_per_s: float
+) -> None:
+    print(
+        f"  [{attempt + 1}/{sizes.repeats}] {system:<12} {sessions:>2} session(s): "
+        f"{turns_per_s:8.1f} turns/s",
+        file=log,
+        flush=True,
+    )
 
 
 def _median_tail(latencies: list[float]) -> float:
