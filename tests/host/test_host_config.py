@@ -238,6 +238,10 @@ def test_limits_have_defaults_flags_and_variables() -> None:
     assert paced.limits.max_read_loop_percent == 12
     assert config.limits.max_listed_sessions_per_s == 10_000
     assert resolve(["--max-listed-sessions-per-s", "0"]).limits.max_listed_sessions_per_s == 0
+    assert config.limits.max_kept_listed_sessions == 16_384
+    assert resolve(["--max-kept-listed-sessions", "0"]).limits.max_kept_listed_sessions == 0
+    kept = resolve([], {"AGENTSESSIONS_MAX_KEPT_LISTED_SESSIONS": "100"})
+    assert kept.limits.max_kept_listed_sessions == 100
 
 
 @pytest.mark.parametrize(
@@ -249,6 +253,7 @@ def test_limits_have_defaults_flags_and_variables() -> None:
         (["--max-identity-bytes", "0"], "--max-identity-bytes 0 must be at least 1"),
         (["--max-read-loop-percent", "-1"], "--max-read-loop-percent -1 must be at least 0"),
         (["--max-read-loop-percent", "101"], "--max-read-loop-percent 101 must be at most 100"),
+        (["--max-kept-listed-sessions", "-1"], "--max-kept-listed-sessions -1 must be at least 0"),
         (["--max-executions", "many"], "--max-executions 'many' is not an integer"),
     ],
 )

@@ -641,6 +641,40 @@ async def test_a_page_of_sessions_goes_to_a_pager_with_nothing_waiting(store: Sq
     assert await holding is True
 
 
+async def test_a_listed_row_is_decoded_once_while_it_is_unchanged(store: SqliteStore) -> None:
+    # A page's rows travel one to a line: a label's newline (escaped by JSON) stays in its row.
+    labels = {"lines": "one\ntwo", "quote": '"\\', "": "empty key"}
+    await store.create_session(SessionRow(uid="a", project="p", create_time_ns=2, labels=labels))
+    await store.create_session(SessionRow(uid="b", project="p", create_time_ns=1))
+    listed = store._sqlite.listed
+    first, _ = await store.list_sessions("p", 10, "")
+    assert [r.uid for r in first] == ["a", "b"] and dict(first[0].labels) == labels
+    assert listed.decoded == 2
+    again, _ = await store.list_sessions("p", 10, "")
+    assert again[0] is first[0] and again[1] is first[1] and listed.decoded == 2
+    await store.append("a", [inp("x")], expected_head=0, fence=0)
+    after, _ = await store.list_sessions("p", 10, "")
+    assert after[0] is not first[0] and after[0].last_seq == 1 and after[0].last_hash
+    assert after[1] is first[1] and listed.decoded == 3
+    assert await store.get_session("a") == after[0]
+
+
+@pytest.mark.parametrize("kept", [0, 4])
+async def test_listed_rows_kept_are_bounded(tmp_path: Path, kept: int) -> None:
+    store = await SqliteStore.open(tmp_path / "j.db", kept_listed=kept)
+    try:
+        for i in range(10):
+            await store.create_session(SessionRow(uid=f"s{i}", project="p", create_time_ns=i + 1))
+        first, _ = await store.list_sessions("p", 100, "")
+        assert len(store._sqlite.listed._rows) <= kept
+        again, _ = await store.list_sessions("p", 100, "")
+        assert again == first and [r.uid for r in again] == [f"s{i}" for i in reversed(range(10))]
+        assert len(store._sqlite.listed._rows) <= kept
+        assert store._sqlite.listed.decoded >= 20 - kept
+    finally:
+        await store.close()
+
+
 async def test_a_page_of_sessions_is_served_on_the_loops_thread_while_every_pager_is_held(
     store: SqliteStore,
 ) -> None:
@@ -670,7 +704,7 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
     dialect = store._sqlite
     here = dialect._pages_here
     assert here is not None
-    listed = sqlite_store._list_rows
+    listed = sqlite_store._list_texts
     threads: list[str] = []
 
     def locked_here(db: sqlite3.Connection, *args: Any) -> Any:
@@ -681,7 +715,7 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
             raise busy
         return listed(db, *args)
 
-    monkeypatch.setattr(sqlite_store, "_list_rows", locked_here)
+    monkeypatch.setattr(sqlite_store, "_list_texts", locked_here)
     rows, _ = await store.list_sessions("p", 100, "")
     assert [r.uid for r in rows] == ["s"] and dialect.pages_here == 0
     assert threads[0] == threading.current_thread().name  # tried here first
@@ -690,7 +724,7 @@ async def test_a_page_that_finds_the_file_locked_goes_to_a_pagers_thread(
     def broken(db: sqlite3.Connection, *args: Any) -> Any:
         raise sqlite3.OperationalError("no such table: sessions")
 
-    monkeypatch.setattr(sqlite_store, "_list_rows", broken)
+    monkeypatch.setattr(sqlite_store, "_list_texts", broken)
     with pytest.raises(StoreError, match="list sessions failed: no such table"):
         await store.list_sessions("p", 100, "")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from grpc import aio
 
+from agentsessions.host.controller.state import SessionView
 from agentsessions.host.journal.store import JournalStore
-from agentsessions.host.service.convert import session_proto
+from agentsessions.host.service.convert import SessionWire, session_proto
 from agentsessions.host.service.sessions import SessionsServicer
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 from tests.support.host import running_host, text_input
@@ -90,17 +91,60 @@ async def test_a_pre_encoded_page_of_sessions_is_the_page_as_a_message(store: Jo
             await server.stop(None)
 
 
-async def test_a_page_walked_for_its_cut_keeps_the_token_when_nothing_is_cut(store: JournalStore) -> None:
-    """A page over the limit by its encoding but not by its sessions' sizes goes out whole, with the
-    token of the page after it."""
+async def test_a_page_encoded_by_hand_is_the_page_built_as_a_message(store: JournalStore) -> None:
+    """A page under the limit goes out whole, with the token of the page after it: what protobuf
+    itself would write for it (sessions in order, with labels, annotations and a pending state,
+    then the token), the same when its sessions' encodings are kept and when they are made anew.
+    (Compared decoded: a map's entries may go out in any order.)"""
     async with running_host(store) as host:
-        for _ in range(3):
-            await host.sessions.CreateSession(session_pb2.CreateSessionRequest())
+        for i in range(3):
+            await host.sessions.CreateSession(
+                session_pb2.CreateSessionRequest(
+                    session=session_pb2.Session(
+                        harness="echo",
+                        labels={"team": f"t{i}", "z": "\n"},
+                        annotations={"note": "x" * 100 * i},
+                        metadata=common_pb2.ResourceMetadata(name=f"s{i}"),
+                    )
+                )
+            )
         views, token = await host.controller.list_sessions("", 2, "")
         assert token
         page = session_pb2.ListSessionsResponse(next_page_token=token)
         for view in views:
             page.sessions.append(session_proto(view))
-        SessionsServicer(host.controller)._cut(page, views)
-        assert len(page.sessions) == 2
-        assert page.next_page_token == token
+        servicer = SessionsServicer(host.controller)
+        encoded = servicer.encode_page(views, token)
+        assert session_pb2.ListSessionsResponse.FromString(encoded) == page
+        assert servicer.wires.encoded == 2
+        # Unchanged, the same rows come back from the store (SQLite), and their bytes are kept.
+        again, _ = await host.controller.list_sessions("", 2, "")
+        assert servicer.encode_page(again, token) == encoded
+        assert servicer.wires.encoded == 2
+        last, none = await host.controller.list_sessions("", 2, token)
+        assert none == "" and len(last) == 1
+        whole = session_pb2.ListSessionsResponse(sessions=[session_proto(last[0])])
+        assert session_pb2.ListSessionsResponse.FromString(servicer.encode_page(last, "")) == whole
+
+
+async def test_a_listed_sessions_encoding_is_kept_for_its_row_and_state_and_bounded(
+    store: JournalStore,
+) -> None:
+    async with running_host(store) as host:
+        for _ in range(3):
+            await host.sessions.CreateSession(session_pb2.CreateSessionRequest())
+        views, _ = await host.controller.list_sessions("", 10, "")
+        framed = SessionWire(2)
+        page = b"".join(framed.framed(views))
+        expected = session_pb2.ListSessionsResponse(sessions=[session_proto(v) for v in views])
+        assert session_pb2.ListSessionsResponse.FromString(page) == expected
+        assert framed.encoded == 3 and len(framed._kept) <= 2
+        # The same row in another state (a turn now running here) is encoded anew.
+        running = SessionView(views[-1].row, session_pb2.EXEC_RUNNING)
+        (one,) = framed.framed([running])
+        decoded = session_pb2.ListSessionsResponse.FromString(one).sessions[0]
+        assert decoded.exec_state == session_pb2.EXEC_RUNNING and framed.encoded == 4
+        assert framed.framed([running]) == [one] and framed.encoded == 4
+        none = SessionWire(0)
+        assert b"".join(none.framed(views)) == b"".join(none.framed(views))
+        assert none.encoded == 6 and not none._kept

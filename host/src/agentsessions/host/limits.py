@@ -29,6 +29,7 @@ from dataclasses import field
 from typing import Final
 
 from agentsessions.host.controller.errors import ResourceExhaustedError
+from agentsessions.host.journal.store import KEPT_LISTED
 from agentsessions.sdk.structs import struct
 
 __all__ = [
@@ -82,9 +83,17 @@ _FLAGS: Final = (
         "max_listed_sessions_per_s",
         "sessions listed by ListSessions per second while turns load the host (0: no limit)",
     ),
+    _Flag(
+        "--max-kept-listed-sessions",
+        "max_kept_listed_sessions",
+        "listed sessions kept decoded and encoded for the next ListSessions page, ~1.2 KiB each "
+        "(SQLite journal; 0: keep none)",
+    ),
 )
 # Limits that may be 0 (switched off).
-_MAY_BE_ZERO: Final = frozenset({"max_read_loop_percent", "max_listed_sessions_per_s"})
+_MAY_BE_ZERO: Final = frozenset(
+    {"max_read_loop_percent", "max_listed_sessions_per_s", "max_kept_listed_sessions"}
+)
 # Flags a host no longer takes, and what replaced each: one still given (flag or variable) is refused
 # at start-up with that answer, not ignored.
 _RETIRED: Final = {
@@ -109,6 +118,7 @@ class Limits:
     # 20 watchers within 20% of a saturated host's turns, every replay within a minute.
     max_read_loop_percent: int = 1
     max_listed_sessions_per_s: int = 10_000
+    max_kept_listed_sessions: int = KEPT_LISTED
 
     def __post_init__(self) -> None:
         for spec in _FLAGS:

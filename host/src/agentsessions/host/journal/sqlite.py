@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import mmap
 import queue
@@ -42,7 +43,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
@@ -51,6 +52,7 @@ from agentsessions.host.journal.live_sqlite import SqliteLiveStatements, create_
 from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.sqlrows import head_projection, session_values
 from agentsessions.host.journal.store import (
+    KEPT_LISTED,
     ConflictError,
     JournalUnavailableError,
     SchemaError,
@@ -210,11 +212,13 @@ _HEAD: Final = (
     "FROM sessions WHERE session = ?"
 )
 
-# A page of sessions is one row, a JSON array that SQLite builds in a single step, so the pager's
-# thread gives the GIL up and takes it back once per page rather than once per session: with the
-# event loop busy (as under load) each retake waits up to the interpreter's switch interval, and a
-# page of 100 rows fetched row by row took 31 ms of wall time (p50, beside a busy thread) against
-# 5 ms as one row. Blobs travel as hex (NULL stays null: an empty message is a blob of no bytes).
+# A page of sessions is one row, its sessions' JSON arrays one to a line, that SQLite builds in a
+# single step, so the pager's thread gives the GIL up and takes it back once per page rather than
+# once per session: with the event loop busy (as under load) each retake waits up to the
+# interpreter's switch interval, and a page of 100 rows fetched row by row took 31 ms of wall time
+# (p50, beside a busy thread) against 5 ms as one row. A session's line is also the key its decoded
+# row is kept by (_ListedRows). Blobs travel as hex (NULL stays null: an empty message is a blob of
+# no bytes).
 _PAGE_BLOBS: Final = tuple(i for i, n in enumerate(_ROW_COLUMNS.split(", ")) if n in ("origin", "identity"))
 _PAGE_COLUMNS: Final = ", ".join(
     f"iif({name} IS NULL, NULL, hex({name}))" if i in _PAGE_BLOBS else name
@@ -657,9 +661,8 @@ def _get_row(db: sqlite3.Connection, uid: str) -> SessionRow | None:
     return None if rec is None else _row_from(rec)
 
 
-def _list_rows(
-    db: sqlite3.Connection, project: str, after: tuple[int, str] | None, limit: int
-) -> list[SessionRow]:
+def _list_texts(db: sqlite3.Connection, project: str, after: tuple[int, str] | None, limit: int) -> list[str]:
+    """A page of the project's session rows, each as the JSON array of its columns (``_PAGE_COLUMNS``)."""
     args: tuple[str | int, ...]
     if after is None:
         where, args = "", (project, limit)
@@ -667,14 +670,57 @@ def _list_rows(
         where = "AND (created_at < ? OR (created_at = ? AND session > ?)) "
         args = (project, after[0], after[0], after[1], limit)
     (text,) = db.execute(
-        f"SELECT json_group_array(json_array({_PAGE_COLUMNS})) FROM (SELECT {_ROW_COLUMNS} FROM sessions "
-        f"WHERE project = ? AND deleted = 0 {where}ORDER BY created_at DESC, session ASC LIMIT ?)",
+        f"SELECT group_concat(json_array({_PAGE_COLUMNS}), char(10)) FROM (SELECT {_ROW_COLUMNS} "
+        f"FROM sessions WHERE project = ? AND deleted = 0 {where}ORDER BY created_at DESC, session ASC "
+        "LIMIT ?)",
         args,
     ).fetchone()
-    rows = [_row_from(_page_item(item), listed=True) for item in json.loads(text)]
-    # The aggregate's order is the subquery's in practice, which SQLite does not promise.
-    rows.sort(key=lambda r: (-r.create_time_ns, r.uid))
-    return rows
+    # JSON escapes every control character inside its strings: a newline only ever parts two rows.
+    return text.split("\n") if text else []
+
+
+class _ListedRows:
+    """The session rows of recent listings, decoded, by their page text (``_list_texts``).
+
+    A listing's page is mostly rows that have not changed since the page before it (a console
+    polling, listers paging under load): a row whose text is the same is the same row, so it is
+    decoded once, and the :class:`SessionRow` it gives is the same object every time (the service
+    keeps each listed row's wire encoding beside it, ``service.convert.SessionWire``). Any change to
+    a session's row (an append moves its head and hash) changes its text. Bounded: the oldest half
+    goes when it fills. Used on the event loop's thread only."""
+
+    def __init__(self, capacity: int = KEPT_LISTED) -> None:
+        self.capacity = capacity  # 0: keep none
+        self._rows: dict[str, SessionRow] = {}
+        self.decoded = 0  # rows decoded, not found here (stats, tests)
+
+    def rows(self, texts: list[str]) -> list[SessionRow]:
+        kept = self._rows
+        rows: list[SessionRow | None] = [kept.get(text) for text in texts]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if missing:
+            # The rows not kept, decoded in one go (a decoder's call per row costs a third more).
+            items = json.loads("[" + ",".join([texts[i] for i in missing]) + "]")
+            self.decoded += len(missing)
+            capacity = self.capacity
+            if len(kept) + len(missing) > capacity:
+                for old in list(itertools.islice(kept, len(kept) // 2 + len(missing))):
+                    del kept[old]
+            for i, item in zip(missing, items, strict=True):
+                row = rows[i] = _row_from(_page_item(item), listed=True)
+                if len(kept) < capacity:
+                    kept[texts[i]] = row
+        listed = cast(list[SessionRow], rows)
+        # The aggregate's order is the subquery's in practice, which SQLite does not promise.
+        listed.sort(key=_listing_order)
+        return listed
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
+def _listing_order(row: SessionRow) -> tuple[int, str]:
+    return (-row.create_time_ns, row.uid)
 
 
 def _page_item(item: list[Any]) -> list[Any]:
@@ -766,6 +812,7 @@ class _SqliteDialect:
         # Pages of sessions on the event loop's own thread, first: see list_rows.
         self._pages_here = pages_here
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
+        self.listed = _ListedRows()
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
         # The WAL index's header, mapped read-only by map_wal_index (None: not mapped).
@@ -861,15 +908,16 @@ class _SqliteDialect:
         here = self._pages_here
         if here is not None and here.db is not None:
             try:
-                rows = _list_rows(here.db, project, after, limit)
+                texts = _list_texts(here.db, project, after, limit)
             except sqlite3.Error as exc:
                 if not _busy(exc):
                     raise self._read_failed("list sessions", exc) from exc
             else:
                 self.pages_here += 1
-                return rows
+                return self.listed.rows(texts)
         pager = min(self._pagers, key=lambda c: c.in_flight)
-        return await self._read("list sessions", _list_rows, project, after, limit, on=pager)
+        texts = await self._read("list sessions", _list_texts, project, after, limit, on=pager)
+        return self.listed.rows(texts)
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
@@ -952,12 +1000,14 @@ class SqliteStore(DialectStore):
         synchronous: str = "FULL",
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        kept_listed: int = KEPT_LISTED,
     ) -> SqliteStore:
         """Open (creating if absent) the journal at ``path``.
 
         ``synchronous`` is SQLite's durability knob (FULL: a commit survives power loss; NORMAL: it
         survives a process crash). Raises SchemaError for a file that is not a journal, cannot be
-        read, or was written by a newer schema."""
+        read, or was written by a newer schema. ``kept_listed``: the listed rows kept decoded for
+        the next listing (``_ListedRows``; 0: none)."""
         mode = synchronous.upper()
         if mode not in SYNCHRONOUS_MODES:
             raise ValueError(
@@ -984,6 +1034,7 @@ class SqliteStore(DialectStore):
             raise
         reader, *pagers, records, scanner, here = opened[1:]
         dialect = _SqliteDialect(where, writer, reader, pagers, records, scanner, here)
+        dialect.listed = _ListedRows(kept_listed)
         # Mapped here, once: the file is in WAL mode and open, so its index exists by now.
         dialect.map_wal_index()
         return cls(dialect, max_batch=max_batch)

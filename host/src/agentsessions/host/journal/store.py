@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
-from typing import Protocol
+from typing import Final, Protocol
 
 from agentsessions.host.journal.execstate import ExecProjection
 from agentsessions.host.journal.health import JournalHealth
@@ -68,6 +68,12 @@ class JournalLocationError(StoreError, ValueError):
 
 class SchemaError(StoreError):
     """The database is foreign, unreadable, or of a newer schema than this host understands."""
+
+
+# Listed sessions a host keeps ready for the next listing by default (the SQLite store's decoded
+# rows, the service's encoded Sessions): a listing of 10,000 sessions pages through without
+# dropping any. ~1.2 KiB each, both kept together (bench/README.md).
+KEPT_LISTED: Final = 16_384
 
 
 @struct(frozen=True)

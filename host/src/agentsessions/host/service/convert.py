@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 from agentsessions.host.controller.state import SessionView
+from agentsessions.host.journal.store import KEPT_LISTED, SessionRow
 from agentsessions.v1 import session_pb2
 
 _NANOS = 1_000_000_000
@@ -56,3 +59,49 @@ def fill_session(s: session_pb2.Session, view: SessionView) -> None:
         s.origin.CopyFrom(row.origin)
     if row.identity is not None:
         s.identity.CopyFrom(row.identity)
+
+
+class SessionWire:
+    """Listed sessions as a page carries them (``ListSessionsResponse.sessions``: the field's tag,
+    the Session's length, then ``session_proto(view)`` encoded), kept beside the row each was made
+    from.
+
+    A store that keeps a listed row decoded while it is unchanged gives the same :class:`SessionRow`
+    object for it page after page (the SQLite store's ``_ListedRows``); its Session's bytes are then
+    the same too, as long as its derived state is (the view's ``exec_state``: whether a turn runs on
+    this host; the pending approval follows from the row). An entry holds its row, so the row's
+    ``id`` cannot name another object while the entry lives. A row made anew (any other store, or a
+    changed row) is encoded anew. Bounded: the oldest half goes when it fills."""
+
+    def __init__(self, capacity: int = KEPT_LISTED) -> None:
+        self.capacity = capacity  # 0: keep none
+        self._kept: dict[int, tuple[SessionRow, int, bytes]] = {}
+        self.encoded = 0  # Sessions encoded, not found here (stats, tests)
+
+    def framed(self, views: list[SessionView]) -> list[bytes]:
+        """Each view's Session as a page carries it, in order."""
+        kept = self._kept
+        found = []
+        for view in views:
+            row = view.row
+            entry = kept.get(id(row))
+            if entry is not None and entry[0] is row and entry[1] == view.exec_state:
+                found.append(entry[2])
+                continue
+            # A page of one: protobuf writes the field's tag and the Session's length itself.
+            one = session_pb2.ListSessionsResponse()
+            fill_session(one.sessions.add(), view)
+            data = one.SerializeToString()
+            self.encoded += 1
+            if entry is None and len(kept) >= self.capacity:
+                if not self.capacity:
+                    found.append(data)
+                    continue
+                for old in list(itertools.islice(kept, len(kept) // 2 + 1)):
+                    del kept[old]
+            kept[id(row)] = (row, view.exec_state, data)
+            found.append(data)
+        return found
+
+    def clear(self) -> None:
+        self._kept.clear()

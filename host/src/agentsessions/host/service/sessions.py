@@ -31,13 +31,16 @@ from agentsessions.host.journal.store import SessionRow
 from agentsessions.host.limits import MAX_READABLE_BYTES, Limits
 from agentsessions.host.service import result_schema
 from agentsessions.host.service import validation as v
-from agentsessions.host.service.convert import fill_session, session_proto
+from agentsessions.host.service.convert import SessionWire, session_proto
 from agentsessions.host.service.status import status_of
 from agentsessions.v1 import common_pb2, session_pb2, session_pb2_grpc
 
 SERVICE_NAME: str = session_pb2.DESCRIPTOR.services_by_name["Sessions"].full_name
 # ExecUpdate.record's wire tag (field number << 3 | length-delimited): see _record_frame.
 _RECORD_TAG = bytes([session_pb2.ExecUpdate.DESCRIPTOR.fields_by_name["record"].number << 3 | 2])
+_TOKEN_TAG = bytes(
+    [session_pb2.ListSessionsResponse.DESCRIPTOR.fields_by_name["next_page_token"].number << 3 | 2]
+)
 
 
 async def _abort(context: aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -142,6 +145,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         self.controller = controller
         self.reading: Reading = controller.reading
         self.pre_encoded = False
+        # Listed sessions' encodings, kept for the next page (ListSessions).
+        self.wires = SessionWire(controller.limits.max_kept_listed_sessions)
 
     @_unary
     async def CreateSession(
@@ -165,27 +170,26 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         views, token = await self.controller.list_sessions(
             project, request.page_size, request.page_token, call=call
         )
-        page = session_pb2.ListSessionsResponse(next_page_token=token)
-        add = page.sessions.add
-        for view in views:
-            fill_session(add(), view)
-        encoded = page.SerializeToString()
-        if len(encoded) > MAX_READABLE_BYTES and len(views) > 1:
-            self._cut(page, views)
-            encoded = page.SerializeToString()
-        return encoded if self.pre_encoded else page
+        encoded = self.encode_page(views, token)
+        return encoded if self.pre_encoded else session_pb2.ListSessionsResponse.FromString(encoded)
 
-    def _cut(self, page: session_pb2.ListSessionsResponse, views: list[SessionView]) -> None:
-        """Cut ``page`` (the sessions of ``views``) to its longest prefix (at least one) a client on
-        gRPC's default 4 MiB limit reads, with the token of the page after it; as it is when
-        nothing needs cutting."""
-        size = 0
-        for i, session in enumerate(page.sessions):
-            size += session.ByteSize() + 8  # the field's tag and length
-            if i > 0 and size > MAX_READABLE_BYTES:
-                del page.sessions[i:]
-                page.next_page_token = self.controller.page_token_after(views[i - 1])
-                return
+    def encode_page(self, views: list[SessionView], token: str) -> bytes:
+        """The ``ListSessionsResponse`` of ``views`` and the next page's ``token``, encoded; cut to
+        its longest prefix (at least one session) a client on gRPC's default 4 MiB limit reads,
+        with the token of the page after it, when the whole page would not fit."""
+        parts = self.wires.framed(views)
+        if sum(map(len, parts)) > MAX_READABLE_BYTES:
+            size = 0
+            for i, part in enumerate(parts):
+                size += len(part)
+                if i > 0 and size > MAX_READABLE_BYTES:
+                    del parts[i:]
+                    token = self.controller.page_token_after(views[i - 1])
+                    break
+        if token:
+            text = token.encode("utf-8")
+            parts.append(_TOKEN_TAG + protowire.varint(len(text)) + text)
+        return b"".join(parts)
 
     @_unary
     async def DeleteSession(
