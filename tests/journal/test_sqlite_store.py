@@ -666,10 +666,10 @@ async def test_listed_rows_kept_are_bounded(tmp_path: Path, kept: int) -> None:
         for i in range(10):
             await store.create_session(SessionRow(uid=f"s{i}", project="p", create_time_ns=i + 1))
         first, _ = await store.list_sessions("p", 100, "")
-        assert len(store._sqlite.listed._rows) <= kept
+        assert len(store._sqlite.listed) <= kept
         again, _ = await store.list_sessions("p", 100, "")
         assert again == first and [r.uid for r in again] == [f"s{i}" for i in reversed(range(10))]
-        assert len(store._sqlite.listed._rows) <= kept
+        assert len(store._sqlite.listed) <= kept
         assert store._sqlite.listed.decoded >= 20 - kept
     finally:
         await store.close()

@@ -633,6 +633,31 @@ async def test_pagination_through_seven_sessions_by_two(store: JournalStore) -> 
     assert sizes == [2, 2, 2, 1]
 
 
+async def test_a_listing_again_gives_each_row_as_it_is_now(store: JournalStore) -> None:
+    # SQL stores keep listed rows decoded by what they read (journal.listed): a row read again
+    # unchanged is not decoded again; any change (an append, a new fence, a delete) is seen.
+    labels = {"lines": "one\ntwo", "quote": '"\\'}
+    for uid, t in (("a", 3), ("b", 2), ("c", 1)):
+        await store.create_session(SessionRow(uid=uid, project="p", create_time_ns=t, labels=labels))
+    first, _ = await store.list_sessions("p", 10, "")
+    assert [r.uid for r in first] == ["a", "b", "c"] and dict(first[0].labels) == labels
+    listed = getattr(getattr(store, "_dialect", None), "listed", None)
+    decoded = listed.decoded if listed is not None else 0
+    again, _ = await store.list_sessions("p", 10, "")
+    assert again == first
+    if listed is not None:
+        assert listed.decoded == decoded and all(x is y for x, y in zip(again, first, strict=True))
+    await store.append("a", [inp("x")], expected_head=0, fence=0)
+    await store.new_fence("b")
+    await store.delete_session("c", purge=False)
+    after, _ = await store.list_sessions("p", 10, "")
+    assert [r.uid for r in after] == ["a", "b"]
+    assert after[0].last_seq == 1 and after[0] == await store.get_session("a")
+    assert after[1] == await store.get_session("b")
+    if listed is not None:
+        assert listed.decoded == decoded + 2
+
+
 async def test_list_filters_by_exact_project_and_includes_empty_sessions(store: JournalStore) -> None:
     await new_session(store, "a", "p")
     await new_session(store, "b", "p2")

@@ -132,8 +132,8 @@ async def build_controller(
     except TLSFilesError as exc:
         raise ConfigError(f"--harness-tls-*: {exc}") from None
     kept = config.limits.max_kept_listed_sessions
-    sqlite = parse_location(config.journal).kind == "sqlite"
-    store = await open_store(config.journal, **({"kept_listed": kept} if sqlite else {}))
+    sql = parse_location(config.journal).kind != "memory"  # the memory store keeps rows as rows
+    store = await open_store(config.journal, **({"kept_listed": kept} if sql else {}))
     app.on_close(store.close)
 
     remotes: list[RemoteHarness] = []

@@ -28,10 +28,12 @@ import asyncpg
 from agentsessions.host.journal import PostgresURLError, execstate, redact_url, validate_postgres_url
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
+from agentsessions.host.journal.listed import ListedRows
 from agentsessions.host.journal.live_postgres import PostgresLiveStatements, create_live_tables
 from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.sqlrows import head_projection, session_values
 from agentsessions.host.journal.store import (
+    KEPT_LISTED,
     ConflictError,
     JournalUnavailableError,
     SchemaError,
@@ -448,10 +450,11 @@ class _PostgresDialect:
     immediate: Final = False
     committed_mark: Final = None  # replicas write the same database at any moment
 
-    def __init__(self, pool: Any, url: str, *, flushers: int) -> None:
+    def __init__(self, pool: Any, url: str, *, flushers: int, kept_listed: int = KEPT_LISTED) -> None:
         self.pool = pool
         self.url = url
         self.max_in_flight = max(1, flushers)
+        self.listed: ListedRows[tuple[Any, ...]] = ListedRows(kept_listed)
 
     def change_mark(self) -> int | None:
         return None
@@ -509,7 +512,11 @@ class _PostgresDialect:
                     after[1],
                     limit,
                 )
-        return [_row_from_record(r, listed=True) for r in recs]
+        # Keyed by the record's values: the same values are the same row (journal.listed).
+        records = {tuple(r): r for r in recs}
+        return self.listed.rows(
+            list(records), lambda missing: [_row_from_record(records[k], listed=True) for k in missing]
+        )
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         async with self._conn("read") as conn:
@@ -580,11 +587,14 @@ class PostgresStore(DialectStore):
         flushers: int = DEFAULT_FLUSHERS,
         max_batch: int = DEFAULT_MAX_BATCH,
         migrate: bool = True,
+        kept_listed: int = KEPT_LISTED,
     ) -> PostgresStore:
         """Connect, apply pending migrations (refusing a newer schema) and return the store.
 
         With ``migrate=False`` nothing is created or upgraded: a database without a journal, or
-        with an older one, is refused (for read-only tooling such as ``journal verify``)."""
+        with an older one, is refused (for read-only tooling such as ``journal verify``).
+        ``kept_listed``: the listed rows kept decoded for the next listing (``journal.listed``;
+        0: none)."""
         validate_postgres_url(url)
         shown = redact_url(url)
         try:
@@ -617,7 +627,8 @@ class PostgresStore(DialectStore):
         except BaseException:
             await pool.close()
             raise
-        return cls(_PostgresDialect(pool, url, flushers=flushers), max_batch=max_batch)
+        dialect = _PostgresDialect(pool, url, flushers=flushers, kept_listed=kept_listed)
+        return cls(dialect, max_batch=max_batch)
 
     async def schema_version(self) -> int:
         """The newest applied migration version."""

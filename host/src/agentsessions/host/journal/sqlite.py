@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import mmap
 import queue
@@ -43,11 +42,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, TypeVar
 
 from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DEFAULT_MAX_BATCH, DialectStore, WriterStats
+from agentsessions.host.journal.listed import ListedRows
 from agentsessions.host.journal.live_sqlite import SqliteLiveStatements, create_live_tables
 from agentsessions.host.journal.rules import ChainCheck, NewSession, SessionHead, StoredRecord
 from agentsessions.host.journal.sqlrows import head_projection, session_values
@@ -217,7 +217,7 @@ _HEAD: Final = (
 # once per session: with the event loop busy (as under load) each retake waits up to the
 # interpreter's switch interval, and a page of 100 rows fetched row by row took 31 ms of wall time
 # (p50, beside a busy thread) against 5 ms as one row. A session's line is also the key its decoded
-# row is kept by (_ListedRows). Blobs travel as hex (NULL stays null: an empty message is a blob of
+# row is kept by (journal.listed). Blobs travel as hex (NULL stays null: an empty message is a blob of
 # no bytes).
 _PAGE_BLOBS: Final = tuple(i for i, n in enumerate(_ROW_COLUMNS.split(", ")) if n in ("origin", "identity"))
 _PAGE_COLUMNS: Final = ", ".join(
@@ -679,44 +679,10 @@ def _list_texts(db: sqlite3.Connection, project: str, after: tuple[int, str] | N
     return text.split("\n") if text else []
 
 
-class _ListedRows:
-    """The session rows of recent listings, decoded, by their page text (``_list_texts``).
-
-    A listing's page is mostly rows that have not changed since the page before it (a console
-    polling, listers paging under load): a row whose text is the same is the same row, so it is
-    decoded once, and the :class:`SessionRow` it gives is the same object every time (the service
-    keeps each listed row's wire encoding beside it, ``service.convert.SessionWire``). Any change to
-    a session's row (an append moves its head and hash) changes its text. Bounded: the oldest half
-    goes when it fills. Used on the event loop's thread only."""
-
-    def __init__(self, capacity: int = KEPT_LISTED) -> None:
-        self.capacity = capacity  # 0: keep none
-        self._rows: dict[str, SessionRow] = {}
-        self.decoded = 0  # rows decoded, not found here (stats, tests)
-
-    def rows(self, texts: list[str]) -> list[SessionRow]:
-        kept = self._rows
-        rows: list[SessionRow | None] = [kept.get(text) for text in texts]
-        missing = [i for i, row in enumerate(rows) if row is None]
-        if missing:
-            # The rows not kept, decoded in one go (a decoder's call per row costs a third more).
-            items = json.loads("[" + ",".join([texts[i] for i in missing]) + "]")
-            self.decoded += len(missing)
-            capacity = self.capacity
-            if len(kept) + len(missing) > capacity:
-                for old in list(itertools.islice(kept, len(kept) // 2 + len(missing))):
-                    del kept[old]
-            for i, item in zip(missing, items, strict=True):
-                row = rows[i] = _row_from(_page_item(item), listed=True)
-                if len(kept) < capacity:
-                    kept[texts[i]] = row
-        listed = cast(list[SessionRow], rows)
-        # The aggregate's order is the subquery's in practice, which SQLite does not promise.
-        listed.sort(key=_listing_order)
-        return listed
-
-    def clear(self) -> None:
-        self._rows.clear()
+def _decode_listed(texts: list[str]) -> list[SessionRow]:
+    """Rows from their page lines, decoded in one go (a decoder's call per row costs a third more)."""
+    items = json.loads("[" + ",".join(texts) + "]")
+    return [_row_from(_page_item(item), listed=True) for item in items]
 
 
 def _listing_order(row: SessionRow) -> tuple[int, str]:
@@ -812,7 +778,7 @@ class _SqliteDialect:
         # Pages of sessions on the event loop's own thread, first: see list_rows.
         self._pages_here = pages_here
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
-        self.listed = _ListedRows()
+        self.listed: ListedRows[str] = ListedRows()  # by each row's page line (_list_texts)
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
         # The WAL index's header, mapped read-only by map_wal_index (None: not mapped).
@@ -914,10 +880,15 @@ class _SqliteDialect:
                     raise self._read_failed("list sessions", exc) from exc
             else:
                 self.pages_here += 1
-                return self.listed.rows(texts)
+                return self._listed(texts)
         pager = min(self._pagers, key=lambda c: c.in_flight)
-        texts = await self._read("list sessions", _list_texts, project, after, limit, on=pager)
-        return self.listed.rows(texts)
+        return self._listed(await self._read("list sessions", _list_texts, project, after, limit, on=pager))
+
+    def _listed(self, texts: list[str]) -> list[SessionRow]:
+        rows = self.listed.rows(texts, _decode_listed)
+        # The aggregate's order is the subquery's in practice, which SQLite does not promise.
+        rows.sort(key=_listing_order)
+        return rows
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
         return await self._read("read", _read, uid, from_seq, to_seq, on=self._records)
@@ -1007,7 +978,7 @@ class SqliteStore(DialectStore):
         ``synchronous`` is SQLite's durability knob (FULL: a commit survives power loss; NORMAL: it
         survives a process crash). Raises SchemaError for a file that is not a journal, cannot be
         read, or was written by a newer schema. ``kept_listed``: the listed rows kept decoded for
-        the next listing (``_ListedRows``; 0: none)."""
+        the next listing (``journal.listed``; 0: none)."""
         mode = synchronous.upper()
         if mode not in SYNCHRONOUS_MODES:
             raise ValueError(
@@ -1034,7 +1005,7 @@ class SqliteStore(DialectStore):
             raise
         reader, *pagers, records, scanner, here = opened[1:]
         dialect = _SqliteDialect(where, writer, reader, pagers, records, scanner, here)
-        dialect.listed = _ListedRows(kept_listed)
+        dialect.listed = ListedRows(kept_listed)
         # Mapped here, once: the file is in WAL mode and open, so its index exists by now.
         dialect.map_wal_index()
         return cls(dialect, max_batch=max_batch)

@@ -1,0 +1,56 @@
+"""Listed session rows kept decoded while they do not change, for the next listing.
+
+A listing's page is mostly rows that did not change since the page before it: a console polling,
+listers paging through a fleet whose sessions turn now and then. A SQL store keys each listed row by
+what it read for it (the SQLite store: the row's JSON line; PostgreSQL: the record's values), which
+changes whenever the row does (an append moves the session's head and hash), so a row read again
+with the same key is the same row: it is decoded once, and the :class:`SessionRow` it gives is the
+same object every time. The service keeps each listed row's wire encoding beside that object
+(``service.convert.SessionWire``), so an unchanged session costs a page a lookup, not a decode and an
+encode. Bounded (``--max-kept-listed-sessions``): the oldest half goes when it fills; 0 keeps none.
+Used on the event loop's thread only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+from agentsessions.host.journal.store import KEPT_LISTED, SessionRow
+
+_K = TypeVar("_K", bound=Hashable)
+
+
+class ListedRows(Generic[_K]):
+    """Listed rows by their keys (see the module docstring)."""
+
+    def __init__(self, capacity: int = KEPT_LISTED) -> None:
+        self.capacity = capacity  # 0: keep none
+        self._rows: dict[_K, SessionRow] = {}
+        self.decoded = 0  # rows decoded, not found here (stats, tests)
+
+    def rows(self, keys: Sequence[_K], decode: Callable[[list[_K]], list[SessionRow]]) -> list[SessionRow]:
+        """The rows ``keys`` name, in their order: kept ones as kept, the others by ``decode``
+        (given the keys of the rows not kept, in one call; it returns their rows in that order)."""
+        kept = self._rows
+        found = [kept.get(key) for key in keys]
+        missing = [i for i, row in enumerate(found) if row is None]
+        if missing:
+            decoded = decode([keys[i] for i in missing])
+            self.decoded += len(missing)
+            capacity = self.capacity
+            if len(kept) + len(missing) > capacity:
+                for old in list(itertools.islice(kept, len(kept) // 2 + len(missing))):
+                    del kept[old]
+            for i, row in zip(missing, decoded, strict=True):
+                found[i] = row
+                if len(kept) < capacity:
+                    kept[keys[i]] = row
+        return [row for row in found if row is not None]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def clear(self) -> None:
+        self._rows.clear()
