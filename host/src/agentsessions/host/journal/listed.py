@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agentsessions.host.journal.store import KEPT_LISTED, SessionRow
 
 _K = TypeVar("_K", bound=Hashable)
+
+
+def make_room(kept: dict[Any, Any], coming: int, capacity: int) -> None:
+    """Drop the oldest half of ``kept`` (and as many more as are ``coming``) when the ``coming``
+    entries would take it past ``capacity``."""
+    if len(kept) + coming > capacity:
+        for old in list(itertools.islice(kept, len(kept) // 2 + coming)):
+            del kept[old]
 
 
 class ListedRows(Generic[_K]):
@@ -40,9 +48,7 @@ class ListedRows(Generic[_K]):
             decoded = decode([keys[i] for i in missing])
             self.decoded += len(missing)
             capacity = self.capacity
-            if len(kept) + len(missing) > capacity:
-                for old in list(itertools.islice(kept, len(kept) // 2 + len(missing))):
-                    del kept[old]
+            make_room(kept, len(missing), capacity)
             for i, row in zip(missing, decoded, strict=True):
                 found[i] = row
                 if len(kept) < capacity:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
-
 from agentsessions.host.controller.state import SessionView
+from agentsessions.host.journal.listed import make_room
 from agentsessions.host.journal.store import KEPT_LISTED, SessionRow
 from agentsessions.v1 import session_pb2
 
@@ -67,7 +66,7 @@ class SessionWire:
     from.
 
     A store that keeps a listed row decoded while it is unchanged gives the same :class:`SessionRow`
-    object for it page after page (the SQLite store's ``_ListedRows``); its Session's bytes are then
+    object for it page after page (``journal.listed``); its Session's bytes are then
     the same too, as long as its derived state is (the view's ``exec_state``: whether a turn runs on
     this host; the pending approval follows from the row). An entry holds its row, so the row's
     ``id`` cannot name another object while the entry lives. A row made anew (any other store, or a
@@ -93,14 +92,12 @@ class SessionWire:
             fill_session(one.sessions.add(), view)
             data = one.SerializeToString()
             self.encoded += 1
-            if entry is None and len(kept) >= self.capacity:
-                if not self.capacity:
-                    found.append(data)
-                    continue
-                for old in list(itertools.islice(kept, len(kept) // 2 + 1)):
-                    del kept[old]
-            kept[id(row)] = (row, view.exec_state, data)
             found.append(data)
+            if entry is None:
+                make_room(kept, 1, self.capacity)
+                if len(kept) >= self.capacity:
+                    continue  # keeps none
+            kept[id(row)] = (row, view.exec_state, data)
         return found
 
     def clear(self) -> None:
