@@ -32,7 +32,7 @@ from agentsessions.host.controller.harnesses import BuiltinHarness, HarnessCatal
 from agentsessions.host.controller.live import LiveSettings
 from agentsessions.host.harnesslink import RemoteHarness
 from agentsessions.host.idempotency import IdempotencyInterceptor
-from agentsessions.host.journal import open_store, parse_location
+from agentsessions.host.journal import open_store
 from agentsessions.host.models.echo import EchoModel
 from agentsessions.host.models.openai import OpenAIModel
 from agentsessions.host.models.provider import ModelProvider
@@ -131,9 +131,7 @@ async def build_controller(
         harness_credentials = harness_tls.credentials() if harness_tls is not None else None
     except TLSFilesError as exc:
         raise ConfigError(f"--harness-tls-*: {exc}") from None
-    kept = config.limits.max_kept_listed_sessions
-    sql = parse_location(config.journal).kind != "memory"  # the memory store keeps rows as rows
-    store = await open_store(config.journal, **({"kept_listed": kept} if sql else {}))
+    store = await open_store(config.journal, kept_listed=config.limits.max_kept_listed_sessions)
     app.on_close(store.close)
 
     remotes: list[RemoteHarness] = []

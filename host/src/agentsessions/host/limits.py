@@ -87,7 +87,7 @@ _FLAGS: Final = (
         "--max-kept-listed-sessions",
         "max_kept_listed_sessions",
         "listed sessions kept decoded and encoded for the next ListSessions page, ~1.2 KiB each "
-        "(SQLite and PostgreSQL journals; 0: keep none)",
+        "(0: keep none)",
     ),
 )
 # Limits that may be 0 (switched off).

@@ -176,14 +176,15 @@ def validate_postgres_url(url: str) -> str:
 async def open_store(location: str, **opts: Any) -> JournalStore:
     """Open the journal store ``location`` names (see ``parse_location``).
 
-    ``opts`` go to ``SqliteStore.open`` or ``PostgresStore.open``; the memory store takes none."""
+    ``opts`` go to ``SqliteStore.open`` or ``PostgresStore.open``; the memory store takes only
+    ``kept_listed``, as they all do."""
     where = parse_location(location)
     if where.kind == "memory":
         from agentsessions.host.journal.memory import MemoryStore
 
-        if opts:
-            raise TypeError(f"the memory store takes no options, got {sorted(opts)}")
-        return MemoryStore()
+        if set(opts) - {"kept_listed"}:
+            raise TypeError(f"the memory store takes no options but kept_listed, got {sorted(opts)}")
+        return MemoryStore(**opts)
     if where.kind == "postgres":
         from agentsessions.host.journal.postgres import PostgresStore
 

@@ -1,13 +1,14 @@
 """Listed session rows kept decoded while they do not change, for the next listing.
 
 A listing's page is mostly rows that did not change since the page before it: a console polling,
-listers paging through a fleet whose sessions turn now and then. A SQL store keys each listed row by
-what it read for it (the SQLite store: the row's JSON line; PostgreSQL: the record's values), which
-changes whenever the row does (an append moves the session's head and hash), so a row read again
-with the same key is the same row: it is decoded once, and the :class:`SessionRow` it gives is the
-same object every time. The service keeps each listed row's wire encoding beside that object
-(``service.convert.SessionWire``), so an unchanged session costs a page a lookup, not a decode and an
-encode. Bounded (``--max-kept-listed-sessions``): the oldest half goes when it fills; 0 keeps none.
+listers paging through a fleet whose sessions turn now and then. A store keys each listed row by
+what it read for it (the SQLite store: the row's JSON line; PostgreSQL: the record's values; the
+memory store: the session's creation and derived state), which changes whenever the row does (an
+append moves the session's head and hash), so a row read again with the same key is the same row:
+it is decoded once, and the :class:`SessionRow` it gives is the same object every time. The
+service keeps each listed row's wire encoding beside that object (``service.convert.SessionWire``),
+so an unchanged session costs a page a lookup, not a decode and an encode. Bounded
+(``--max-kept-listed-sessions``): the oldest half goes when it fills; 0 keeps none.
 Used on the event loop's thread only.
 """
 

@@ -13,12 +13,13 @@ import bisect
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from agentsessions.host.journal import execstate
 from agentsessions.host.journal.dialect import BatchFailure
 from agentsessions.host.journal.engine import DialectStore
 from agentsessions.host.journal.execstate import ExecProjection
+from agentsessions.host.journal.listed import ListedRows
 from agentsessions.host.journal.live_memory import LiveTables, MemoryLiveStatements, SessionState
 from agentsessions.host.journal.rules import (
     UNKNOWN_EXEC,
@@ -28,7 +29,7 @@ from agentsessions.host.journal.rules import (
     StoredRecord,
     log_record,
 )
-from agentsessions.host.journal.store import COMPUTE_NONE, SessionRow, StoreError
+from agentsessions.host.journal.store import COMPUTE_NONE, KEPT_LISTED, SessionRow, StoreError
 from agentsessions.sdk.structs import struct
 from agentsessions.v1 import common_pb2
 
@@ -78,6 +79,17 @@ class _Memory:
                 last_hash=session.last_hash,
             )
         )
+
+
+def _state(session: _Session) -> tuple[Any, ...]:
+    """What a listed row of ``session`` is made of besides its uid (see list_rows)."""
+    return (
+        session.update_time_ns,
+        session.compute_state,
+        session.last_seq,
+        session.last_hash,
+        session.exec_projection.encode(),
+    )
 
 
 def _seq(rec: StoredRecord) -> int:
@@ -205,9 +217,10 @@ class _MemoryDialect:
     def change_mark(self) -> int | None:
         return None
 
-    def __init__(self) -> None:
+    def __init__(self, kept_listed: int = KEPT_LISTED) -> None:
         self.memory = _Memory()
         self._tx = _MemoryTransaction(self.memory)
+        self.listed: ListedRows[tuple[Any, ...]] = ListedRows(kept_listed)
 
     async def transaction(self, body: Callable[[_MemoryTransaction], Awaitable[_T]]) -> _T:
         # The body awaits only the statements above, which never suspend: nothing interleaves.
@@ -231,7 +244,16 @@ class _MemoryDialect:
         if after is not None:
             cursor = (-after[0], after[1])
             keyed = [k for k in keyed if k > cursor]
-        rows = [self.memory.row(uid) for _, uid in keyed[:limit]]
+        sessions = self.memory.sessions
+        # Keyed by what a row is made of: its uid (never created again, not even after a delete)
+        # names its own row, which never changes once created, and the rest is its derived state.
+        # An unchanged row is then the same object listing after listing, as the SQL stores give
+        # it (journal.listed).
+        keys = [(uid, *_state(sessions[uid])) for _, uid in keyed[:limit]]
+        return self.listed.rows(keys, self._listed)
+
+    def _listed(self, keys: list[tuple[Any, ...]]) -> list[SessionRow]:
+        rows = [self.memory.row(key[0]) for key in keys]
         return [r for r in rows if r is not None]
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:
@@ -269,8 +291,9 @@ class _MemoryDialect:
 class MemoryStore(DialectStore):
     """JournalStore kept in process memory."""
 
-    def __init__(self) -> None:
-        self._memory_dialect = _MemoryDialect()
+    def __init__(self, *, kept_listed: int = KEPT_LISTED) -> None:
+        """``kept_listed``: the listed rows kept for the next listing (``journal.listed``; 0: none)."""
+        self._memory_dialect = _MemoryDialect(kept_listed)
         super().__init__(self._memory_dialect)
 
     # -- test hooks: damage the storage as someone with write access to it could --------------

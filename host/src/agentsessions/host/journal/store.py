@@ -70,8 +70,8 @@ class SchemaError(StoreError):
     """The database is foreign, unreadable, or of a newer schema than this host understands."""
 
 
-# Listed sessions a host keeps ready for the next listing by default (the SQL stores' decoded
-# rows, the service's encoded Sessions): a listing of 10,000 sessions pages through without
+# Listed sessions a host keeps ready for the next listing by default (the stores' decoded rows,
+# the service's encoded Sessions): a listing of 10,000 sessions pages through without
 # dropping any. ~1.2 KiB each, both kept together (bench/README.md).
 KEPT_LISTED: Final = 16_384
 
