@@ -657,6 +657,7 @@ async def test_a_listed_row_is_decoded_once_while_it_is_unchanged(store: SqliteS
     assert after[0] is not first[0] and after[0].last_seq == 1 and after[0].last_hash
     assert after[1] is first[1] and listed.decoded == 3
     assert await store.get_session("a") == after[0]
+    assert len(listed) == 2  # the changed row took its session's place: one a session
 
 
 @pytest.mark.parametrize("kept", [0, 4])

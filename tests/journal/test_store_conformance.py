@@ -656,6 +656,7 @@ async def test_a_listing_again_gives_each_row_as_it_is_now(store: JournalStore) 
     assert after[1] == await store.get_session("b")
     if listed is not None:
         assert listed.decoded == decoded + 2
+        assert len(listed) <= 3  # one a session however often it changes
 
 
 async def test_list_filters_by_exact_project_and_includes_empty_sessions(store: JournalStore) -> None:

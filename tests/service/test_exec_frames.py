@@ -145,6 +145,7 @@ async def test_a_listed_sessions_encoding_is_kept_for_its_row_and_state_and_boun
         decoded = session_pb2.ListSessionsResponse.FromString(one).sessions[0]
         assert decoded.exec_state == session_pb2.EXEC_RUNNING and framed.encoded == 4
         assert framed.framed([running]) == [one] and framed.encoded == 4
+        assert len(framed._kept) == 1  # the running one took its session's place
         none = SessionWire(0)
         assert b"".join(none.framed(views)) == b"".join(none.framed(views))
         assert none.encoded == 6 and not none._kept

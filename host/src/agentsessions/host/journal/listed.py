@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from agentsessions.host.journal.store import KEPT_LISTED, SessionRow
 
-_K = TypeVar("_K", bound=Hashable)
+_K = TypeVar("_K")
 
 
 def make_room(kept: dict[Any, Any], coming: int, capacity: int) -> None:
@@ -32,28 +32,43 @@ def make_room(kept: dict[Any, Any], coming: int, capacity: int) -> None:
 
 
 class ListedRows(Generic[_K]):
-    """Listed rows by their keys (see the module docstring)."""
+    """Listed rows, one a session (see the module docstring).
+
+    Each row is named by its session and its key: the row kept for a session is the one its key
+    names, and a changed row (a new key) takes its session's place, so what is kept grows with the
+    sessions listed, never with how often they change."""
 
     def __init__(self, capacity: int = KEPT_LISTED) -> None:
-        self.capacity = capacity  # 0: keep none
-        self._rows: dict[_K, SessionRow] = {}
+        self.capacity = capacity  # sessions; 0: keep none
+        self._rows: dict[Hashable, tuple[_K, SessionRow]] = {}
         self.decoded = 0  # rows decoded, not found here (stats, tests)
 
-    def rows(self, keys: Sequence[_K], decode: Callable[[list[_K]], list[SessionRow]]) -> list[SessionRow]:
-        """The rows ``keys`` name, in their order: kept ones as kept, the others by ``decode``
-        (given the keys of the rows not kept, in one call; it returns their rows in that order)."""
+    def rows(
+        self, named: Sequence[tuple[Hashable, _K]], decode: Callable[[list[_K]], list[SessionRow]]
+    ) -> list[SessionRow]:
+        """The rows ``named`` (session, key) pairs name, in their order: kept ones as kept, the
+        others by ``decode`` (given the keys of the rows not kept, in one call; it returns their rows
+        in that order)."""
         kept = self._rows
-        found = [kept.get(key) for key in keys]
-        missing = [i for i, row in enumerate(found) if row is None]
+        found: list[SessionRow | None] = []
+        missing: list[int] = []
+        for session, key in named:
+            entry = kept.get(session)
+            if entry is not None and entry[0] == key:
+                found.append(entry[1])
+            else:
+                missing.append(len(found))
+                found.append(None)
         if missing:
-            decoded = decode([keys[i] for i in missing])
+            decoded = decode([named[i][1] for i in missing])
             self.decoded += len(missing)
             capacity = self.capacity
-            make_room(kept, len(missing), capacity)
+            make_room(kept, sum(1 for i in missing if named[i][0] not in kept), capacity)
             for i, row in zip(missing, decoded, strict=True):
                 found[i] = row
-                if len(kept) < capacity:
-                    kept[keys[i]] = row
+                session, key = named[i]
+                if session in kept or len(kept) < capacity:
+                    kept[session] = (key, row)
         return [row for row in found if row is not None]
 
     def __len__(self) -> int:

@@ -249,8 +249,8 @@ class _MemoryDialect:
         # names its own row, which never changes once created, and the rest is its derived state.
         # An unchanged row is then the same object listing after listing, as the SQL stores give
         # it (journal.listed).
-        keys = [(uid, *_state(sessions[uid])) for _, uid in keyed[:limit]]
-        return self.listed.rows(keys, self._listed)
+        named = [(uid, (uid, *_state(sessions[uid]))) for _, uid in keyed[:limit]]
+        return self.listed.rows(named, self._listed)
 
     def _listed(self, keys: list[tuple[Any, ...]]) -> list[SessionRow]:
         rows = [self.memory.row(key[0]) for key in keys]

@@ -515,7 +515,8 @@ class _PostgresDialect:
         # Keyed by the record's values: the same values are the same row (journal.listed).
         records = {tuple(r): r for r in recs}
         return self.listed.rows(
-            list(records), lambda missing: [_row_from_record(records[k], listed=True) for k in missing]
+            [(key[0], key) for key in records],
+            lambda missing: [_row_from_record(records[k], listed=True) for k in missing],
         )
 
     async def read(self, uid: str, from_seq: int, to_seq: int) -> list[common_pb2.LogRecord]:

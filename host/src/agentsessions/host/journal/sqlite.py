@@ -685,6 +685,14 @@ def _decode_listed(texts: list[str]) -> list[SessionRow]:
     return [_row_from(_page_item(item), listed=True) for item in items]
 
 
+def _line_session(line: str) -> str:
+    """The session a page line is of: the line's start, up to its uid's closing quote (for a uid
+    holding an escaped quote and a comma, a prefix of it: another uid may share the prefix, which
+    only means their rows take each other's place among the kept ones)."""
+    end = line.find('",')
+    return line if end < 0 else line[:end]
+
+
 def _listing_order(row: SessionRow) -> tuple[int, str]:
     return (-row.create_time_ns, row.uid)
 
@@ -885,7 +893,7 @@ class _SqliteDialect:
         return self._listed(await self._read("list sessions", _list_texts, project, after, limit, on=pager))
 
     def _listed(self, texts: list[str]) -> list[SessionRow]:
-        rows = self.listed.rows(texts, _decode_listed)
+        rows = self.listed.rows([(_line_session(text), text) for text in texts], _decode_listed)
         # The aggregate's order is the subquery's in practice, which SQLite does not promise.
         rows.sort(key=_listing_order)
         return rows

@@ -62,19 +62,19 @@ def fill_session(s: session_pb2.Session, view: SessionView) -> None:
 
 class SessionWire:
     """Listed sessions as a page carries them (``ListSessionsResponse.sessions``: the field's tag,
-    the Session's length, then ``session_proto(view)`` encoded), kept beside the row each was made
-    from.
+    the Session's length, then ``session_proto(view)`` encoded), one a session, kept beside the row
+    each was made from.
 
     A store that keeps a listed row decoded while it is unchanged gives the same :class:`SessionRow`
-    object for it page after page (``journal.listed``); its Session's bytes are then
-    the same too, as long as its derived state is (the view's ``exec_state``: whether a turn runs on
-    this host; the pending approval follows from the row). An entry holds its row, so the row's
-    ``id`` cannot name another object while the entry lives. A row made anew (any other store, or a
-    changed row) is encoded anew. Bounded: the oldest half goes when it fills."""
+    object for it page after page (``journal.listed``); its Session's bytes are then the same too,
+    as long as its derived state is (the view's ``exec_state``: whether a turn runs on this host;
+    the pending approval follows from the row). A row made anew (a changed row, or a store that
+    keeps none) is encoded anew and takes its session's place. Bounded: the oldest half goes when
+    it fills."""
 
     def __init__(self, capacity: int = KEPT_LISTED) -> None:
-        self.capacity = capacity  # 0: keep none
-        self._kept: dict[int, tuple[SessionRow, int, bytes]] = {}
+        self.capacity = capacity  # sessions; 0: keep none
+        self._kept: dict[str, tuple[SessionRow, int, bytes]] = {}
         self.encoded = 0  # Sessions encoded, not found here (stats, tests)
 
     def framed(self, views: list[SessionView]) -> list[bytes]:
@@ -83,7 +83,7 @@ class SessionWire:
         found = []
         for view in views:
             row = view.row
-            entry = kept.get(id(row))
+            entry = kept.get(row.uid)
             if entry is not None and entry[0] is row and entry[1] == view.exec_state:
                 found.append(entry[2])
                 continue
@@ -97,7 +97,7 @@ class SessionWire:
                 make_room(kept, 1, self.capacity)
                 if len(kept) >= self.capacity:
                     continue  # keeps none
-            kept[id(row)] = (row, view.exec_state, data)
+            kept[row.uid] = (row, view.exec_state, data)
         return found
 
     def clear(self) -> None:
