@@ -81,6 +81,8 @@ class PaceSampler:
     def __init__(self, every_s: float = 3.0) -> None:
         self.every_s = every_s
         self.samples: list[float] = []
+        # Each sample with when it was taken (time.monotonic(), the same clock in every process).
+        self.timed: list[tuple[float, float]] = []
         self.sampled = threading.Event()  # set at the first sample
         self._proc: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
@@ -102,7 +104,9 @@ class PaceSampler:
     def _read(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            self.samples.append(float(line))
+            at, ms = (float(word) for word in line.split())
+            self.timed.append((at, ms))
+            self.samples.append(ms)
             self.sampled.set()
 
     def __exit__(
@@ -161,7 +165,8 @@ def write(out: Path, document: Mapping[str, Any], *, sort_keys: bool = True) -> 
 def _sample(every_s: float) -> None:
     """Print one repeat of ``pace`` every ``every_s`` seconds until terminated."""
     while True:
-        print(f"{pace(repeats=1):.3f}", flush=True)
+        ms = pace(repeats=1)
+        print(f"{time.monotonic():.3f} {ms:.3f}", flush=True)
         time.sleep(every_s)
 
 
