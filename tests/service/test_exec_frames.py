@@ -93,7 +93,7 @@ async def test_a_pre_encoded_page_of_sessions_is_the_page_as_a_message(store: Jo
 
 async def test_a_page_encoded_by_hand_is_the_page_built_as_a_message(store: JournalStore) -> None:
     """A page under the limit goes out whole, with the token of the page after it: what protobuf
-    itself would write for it (sessions in order, with labels, annotations and a pending state,
+    itself would write for it (sessions in order, with labels and annotations, not yet run),
     then the token), the same when its sessions' encodings are kept and when they are made anew.
     (Compared decoded: a map's entries may go out in any order.)"""
     async with running_host(store) as host:
@@ -117,7 +117,8 @@ async def test_a_page_encoded_by_hand_is_the_page_built_as_a_message(store: Jour
         encoded = servicer.encode_page(views, token)
         assert session_pb2.ListSessionsResponse.FromString(encoded) == page
         assert servicer.wires.encoded == 2
-        # Unchanged, the same rows come back from the store (SQLite), and their bytes are kept.
+        # Unchanged, the same rows come back from the store (every store keeps them), and their
+        # bytes are kept.
         again, _ = await host.controller.list_sessions("", 2, "")
         assert servicer.encode_page(again, token) == encoded
         assert servicer.wires.encoded == 2
