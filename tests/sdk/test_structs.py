@@ -227,3 +227,122 @@ def test_the_shipped_packages_make_their_dataclasses_with_struct() -> None:
     ]
     assert found == [], "use agentsessions.sdk.structs.struct (a shorter start; see its docstring)"
     assert len(list((root / "host/src").rglob("*.py"))) > 100  # the walk saw the packages
+
+
+# -- replace ----------------------------------------------------------------------------------
+
+
+def _replace_cases() -> list[tuple[str, Any, dict[str, Any]]]:
+    @struct(frozen=True, slots=True)
+    class FrozenSlots:
+        a: int
+        b: str = "b"
+        c: tuple[int, ...] = ()
+
+    @struct(frozen=True)
+    class FrozenDict:
+        a: int
+        labels: dict[str, str] = field(default_factory=dict)
+        b: str | None = None
+
+    @struct
+    class Mutable:
+        a: int
+        b: list[int] = field(default_factory=list)
+
+    @struct(slots=True, kw_only=True)
+    class KeywordSlots:
+        a: int
+        b: int = 2
+
+    return [
+        ("frozen slots", FrozenSlots(1, "x", (1, 2)), {"b": "y"}),
+        ("frozen slots, every field", FrozenSlots(1), {"a": 2, "b": "z", "c": (3,)}),
+        ("frozen slots, nothing", FrozenSlots(1), {}),
+        ("frozen dict", FrozenDict(1, {"k": "v"}), {"b": "set"}),
+        ("mutable dict", Mutable(1, [1]), {"a": 5}),
+        ("keyword-only slots", KeywordSlots(a=1), {"b": 3}),
+    ]
+
+
+@pytest.mark.parametrize("case", _replace_cases(), ids=lambda c: c[0])
+def test_replace_gives_what_dataclasses_replace_gives(case: tuple[str, Any, dict[str, Any]]) -> None:
+    from agentsessions.sdk.structs import replace
+
+    _, obj, changes = case
+    made = replace(obj, **changes)
+    expected = dataclasses.replace(obj, **changes)
+    assert made == expected and type(made) is type(expected)
+    assert made is not obj
+    for f in dataclasses.fields(obj):
+        assert getattr(made, f.name) is getattr(expected, f.name)  # the same values, not copies
+    if dataclasses.fields(obj) and getattr(type(obj), "__dataclass_params__").frozen:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, dataclasses.fields(obj)[0].name, 0)
+
+
+def test_replace_refuses_a_name_that_is_no_field_as_dataclasses_does() -> None:
+    from agentsessions.sdk.structs import replace
+
+    for _, obj, _ in _replace_cases():
+        with pytest.raises(TypeError, match="nope"):
+            replace(obj, nope=1)
+
+
+def test_replace_runs_post_init_and_init_only_values_through_init() -> None:
+    from agentsessions.sdk.structs import replace
+
+    @struct(frozen=True)
+    class Checked:
+        n: int
+
+        def __post_init__(self) -> None:
+            if self.n < 0:
+                raise ValueError(f"n must be >= 0, got {self.n}")
+
+    with pytest.raises(ValueError, match="got -1"):
+        replace(Checked(1), n=-1)
+
+    @struct
+    class Scaled:
+        n: int
+        factor: dataclasses.InitVar[int] = 1
+
+        def __post_init__(self, factor: int) -> None:
+            self.n *= factor
+
+    assert replace(Scaled(2), n=3, factor=10).n == 30
+
+    @struct
+    class Derived:
+        n: int
+        twice: int = field(init=False, default=0)
+
+    assert replace(Derived(2), n=4) == dataclasses.replace(Derived(2), n=4)
+
+
+def test_replace_does_not_copy_what_is_not_a_field() -> None:
+    import functools
+
+    from agentsessions.sdk.structs import replace
+
+    @struct(frozen=True)
+    class Cached:
+        n: int
+
+        @functools.cached_property
+        def square(self) -> int:
+            return self.n * self.n
+
+    first = Cached(3)
+    assert first.square == 9
+    assert replace(first, n=4).square == 16
+
+    @struct
+    class OwnInit:
+        n: int
+
+        def __init__(self, n: int) -> None:
+            self.n = n + 100
+
+    assert replace(OwnInit(1), n=2).n == dataclasses.replace(OwnInit(1), n=2).n == 102

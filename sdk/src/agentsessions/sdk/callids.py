@@ -16,9 +16,9 @@ mediation, key), so an id must not depend on timing or randomness. The rules:
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
+from agentsessions.sdk.structs import replace
 from agentsessions.sdk.types import Message, ToolCall
 
 
@@ -64,7 +64,7 @@ class CallIds:
             call_id = part.id
             if not call_id or call_id in self._used:
                 call_id = completion_call_id(self.execution_id, index, position)
-                parts[i] = dataclasses.replace(part, id=call_id)
+                parts[i] = replace(part, id=call_id)
                 changed = True
             self._used.add(call_id)
             position += 1

@@ -31,7 +31,6 @@ harness author would otherwise have to learn from the host's internals:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import json
 import os
@@ -47,6 +46,7 @@ from agentsessions.sdk.errors import ApprovalParkedError, ExecutionCancelledErro
 from agentsessions.sdk.extensions import LIVE
 from agentsessions.sdk.harness import EventSink, Start, approval_details, recorded_results
 from agentsessions.sdk.inputhash import model_input_hash
+from agentsessions.sdk.structs import replace
 from agentsessions.sdk.types import (
     HarnessDescriptor,
     Mediation,
@@ -293,10 +293,10 @@ class Execution:
             if mediation == Mediation.IN_HARNESS_REPORTED:
                 if run is None:
                     raise TypeError(f"tool call {call_id!r} ({call.name}) runs in the harness: pass run=")
-                return await self._reported(dataclasses.replace(call, id=call_id, mediation=mediation), run)
+                return await self._reported(replace(call, id=call_id, mediation=mediation), run)
             key = call.idempotency_key or idempotency_key(self.execution_id, call_id)
             wire = convert.tool_call_to_proto(
-                dataclasses.replace(call, id=call_id, mediation=mediation, idempotency_key=key)
+                replace(call, id=call_id, mediation=mediation, idempotency_key=key)
             )
             approval = mediation == Mediation.REQUIRES_APPROVAL
             if approval and reason and self._details is not None:
@@ -409,7 +409,7 @@ async def _run_tool(call: ToolCall, run: ToolFunction) -> ToolResult:
 def tool_result_of(call_id: str, value: Any) -> ToolResult:
     """A tool function's return value as the result of call ``call_id``."""
     if isinstance(value, ToolResult):
-        return dataclasses.replace(value, id=call_id)
+        return replace(value, id=call_id)
     if value is None:
         return ToolResult(id=call_id)
     if isinstance(value, str):

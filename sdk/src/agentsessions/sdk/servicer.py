@@ -15,7 +15,6 @@ host's trace context, see ``tracing``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,6 +28,7 @@ from agentsessions.sdk.extensions import HISTORY_HELD, parse_connect_metadata
 from agentsessions.sdk.harness import Harness, Start, require_harness
 from agentsessions.sdk.sink import Frame, FrameWatcher, StreamSink
 from agentsessions.sdk.startframe import HeldHistories, LazyHistory, parse_start_frame
+from agentsessions.sdk.structs import replace
 from agentsessions.v1 import common_pb2, harness_pb2, harness_pb2_grpc
 
 logger = logging.getLogger("agentsessions.sdk.server")
@@ -132,7 +132,7 @@ class HarnessServicer(harness_pb2_grpc.HarnessServicer):
                 )
                 return
             if held is not None:
-                start = dataclasses.replace(start, history=LazyHistory(held=held))
+                start = replace(start, history=LazyHistory(held=held))
             if kept:
                 # Said with the stream's status: no write of its own ahead of the first event.
                 context.set_trailing_metadata(((HISTORY_HELD, start.execution_id),))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -210,21 +211,17 @@ class Controller:
 
     # -- turns, recovery, replay ----------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def admit_exec(
+    def admit_exec(
         self, p: ExecParams, *, call: CallContext = ANONYMOUS
-    ) -> AsyncIterator[AdmittedTurn]:
-        """Route an Exec; errors raised here precede any frame. The session is guarded while the
-        returned turn is alive."""
+    ) -> AbstractAsyncContextManager[AdmittedTurn]:
+        """Route an Exec; errors raised here (or entering what it returns) precede any frame. The
+        session is guarded while the turn entered is alive."""
         if self.store.health.failure is not None:
             # Nothing could be journaled: refuse before the first frame, not after it.
             raise JournalUnavailableError(self.store.health.failure)
         if self.live is not None:
-            async with self.live.admit_exec(p, call) as admitted:
-                yield admitted
-            return
-        async with turns.admit(self._core, call, p) as turn:
-            yield turn
+            return self.live.admit_exec(p, call)
+        return turns.admit(self._core, call, p)
 
     async def suspend(self, uid: str, *, call: CallContext = ANONYMOUS) -> SessionView:
         return await recovery.suspend(self._core, call, uid)

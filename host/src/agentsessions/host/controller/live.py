@@ -20,7 +20,9 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import field
+from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, overload
 
 from agentsessions.host.callcontext import ANONYMOUS, CallContext
@@ -241,20 +243,16 @@ class LiveSessions:
 
     # -- Exec ------------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def admit_exec(self, p: ExecParams, call: CallContext) -> AsyncIterator[AdmittedTurn]:
+    def admit_exec(self, p: ExecParams, call: CallContext) -> AbstractAsyncContextManager[AdmittedTurn]:
+        """The Exec's turn, admitted when entered. (Context managers handed down, not wrapped in
+        one more each: a turn enters this on every Exec.)"""
         asked = self.keys.request(call, "Exec", _exec_parts(p))
         if asked is None:
-            async with contextlib.AsyncExitStack() as stack:
-                try:
-                    turn: AdmittedTurn = await stack.enter_async_context(self._admit(p, call))
-                except SessionBusyError:
-                    followed = await self._recovery_followed(p, call)
-                    if followed is None:
-                        raise
-                    turn = followed
-                yield turn
-            return
+            return _Unkeyed(self, p, call)
+        return self._keyed(p, call, asked)
+
+    @contextlib.asynccontextmanager
+    async def _keyed(self, p: ExecParams, call: CallContext, asked: KeyRecord) -> AsyncIterator[AdmittedTurn]:
         held, mine = await self._reservation(asked, p)
         if held.state == DONE:
             yield await self._replayed(held, call)
@@ -279,12 +277,13 @@ class LiveSessions:
                     keyed = await self.follow_original(asked, call, exc, deadline)
             yield keyed
 
-    @contextlib.asynccontextmanager
-    async def _admit(self, p: ExecParams, call: CallContext) -> AsyncIterator[AdmittedTurn]:
+    def _admit(self, p: ExecParams, call: CallContext) -> AbstractAsyncContextManager[AdmittedTurn]:
         if not self.settings.detach_exec:
-            async with turns.admit(self.core, call, p) as turn:
-                yield turn
-            return
+            return turns.admit(self.core, call, p)
+        return self._detached(p, call)
+
+    @contextlib.asynccontextmanager
+    async def _detached(self, p: ExecParams, call: CallContext) -> AsyncIterator[AdmittedTurn]:
         run = self.detached.launch(p, call, listen=True)
         view = await run.admitted
         try:
@@ -624,6 +623,40 @@ class LiveSessions:
         async with core.guards.hold(uid):
             await close_cancelled(core, self.keeper, row, latest, lease, reason)
         return latest.id
+
+
+class _Unkeyed:
+    """An Exec without an idempotency key: its own turn, or the turn this host's recovery is
+    running for the session when that is what an Exec without inputs asks for
+    (``LiveSessions._recovery_followed``). A class: it is entered on every Exec."""
+
+    __slots__ = ("_call", "_entered", "_live", "_p")
+
+    def __init__(self, live: LiveSessions, p: ExecParams, call: CallContext) -> None:
+        self._live = live
+        self._p = p
+        self._call = call
+        self._entered: AbstractAsyncContextManager[AdmittedTurn] | None = None
+
+    async def __aenter__(self) -> AdmittedTurn:
+        admission = self._live._admit(self._p, self._call)
+        try:
+            turn = await admission.__aenter__()
+        except SessionBusyError:
+            followed = await self._live._recovery_followed(self._p, self._call)
+            if followed is None:
+                raise
+            return followed
+        self._entered = admission
+        return turn
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        entered, self._entered = self._entered, None
+        if entered is None:
+            return None
+        return await entered.__aexit__(kind, exc, tb)
 
 
 class _KeyedTurn:

@@ -28,7 +28,6 @@ the sessions that commit does not touch still answer (``_apply_announced``, ``_k
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Generic, TypeVar, overload
@@ -48,7 +47,7 @@ from agentsessions.host.journal.groupcommit import GroupCommit
 from agentsessions.host.journal.health import JournalHealth
 from agentsessions.host.journal.rules import AppendRequest, MintRequest, SessionHead
 from agentsessions.host.journal.store import Head, JournalUnavailableError, SessionRow, StoreError
-from agentsessions.sdk.structs import struct
+from agentsessions.sdk.structs import replace, struct
 from agentsessions.v1 import common_pb2, harness_registry_pb2
 
 __all__ = ["DEFAULT_MAX_BATCH", "HEAD_CACHE_SIZE", "DialectStore", "HeadView", "WriterStats"]
@@ -307,7 +306,7 @@ class DialectStore:
             row = rows.pop(uid, None)
             if row is None or head is None or uid not in moved_at:
                 continue  # created, deleted or rewritten: read again when asked
-            rows[uid] = dataclasses.replace(
+            rows[uid] = replace(
                 row,
                 compute_state=head.compute_state,
                 update_time_ns=moved_at[uid],
@@ -433,7 +432,7 @@ class DialectStore:
             if purge:
                 await tx.purge(uid)
             view.forget(uid)
-            return dataclasses.replace(row, update_time_ns=now)
+            return replace(row, update_time_ns=now)
 
         deleted: SessionRow = await self.write("delete session", program)
         self.feed.deleted(uid)

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import field, replace
+from dataclasses import field
 from typing import Any, Final
 
-from agentsessions.sdk.structs import struct
+from agentsessions.sdk.structs import replace, struct
 from agentsessions.v1 import common_pb2
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -88,17 +88,17 @@ def _unary(
 
 def _streaming(
     method: Callable[[Servicer, Req, CallContext], AsyncGenerator[Resp, None]],
-) -> Callable[[Servicer, Req, aio.ServicerContext], AsyncIterator[Resp]]:
-    """A server-streaming handler: errors raised before the first frame answer with no frame."""
+) -> Callable[[Servicer, Req, aio.ServicerContext], Awaitable[None]]:
+    """A server-streaming handler: errors raised before the first frame answer with no frame.
+
+    It writes each message itself (``context.write``) rather than yielding it: every wrapper an
+    interceptor puts around a handler that yields re-yields each message, one more generator
+    frame resumed for every message of every stream (three for an Exec: the access log, request
+    decoding, this one); around a handler that writes, each wrapper runs once a call."""
 
     @functools.wraps(method)
-    async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> AsyncIterator[Resp]:
-        # aclosing: a client that goes away closes the inner stream now (its turn is cancelled
-        # and its guard released), not whenever the garbage collector finalizes it.
-        stream = method(self, request, callcontext.current())
-        async with _Statuses(context), contextlib.aclosing(stream) as items:
-            async for item in items:
-                yield item
+    async def handler(self: Servicer, request: Req, context: aio.ServicerContext) -> None:
+        await _write_each(method(self, request, callcontext.current()), context)
 
     return handler
 
@@ -128,6 +128,8 @@ def _reading(
 
 
 async def _write_each(items: AsyncGenerator[Resp, None], context: aio.ServicerContext) -> None:
+    # aclosing: a client that goes away closes the stream now (an Exec's turn is cancelled and its
+    # guard released), not whenever the garbage collector finalizes it.
     async with _Statuses(context), contextlib.aclosing(items):
         async for item in items:
             await context.write(item)
