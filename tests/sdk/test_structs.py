@@ -276,7 +276,7 @@ def test_replace_gives_what_dataclasses_replace_gives(case: tuple[str, Any, dict
     assert made is not obj
     for f in dataclasses.fields(obj):
         assert getattr(made, f.name) is getattr(expected, f.name)  # the same values, not copies
-    if dataclasses.fields(obj) and getattr(type(obj), "__dataclass_params__").frozen:
+    if dataclasses.fields(obj) and type(obj).__dataclass_params__.frozen:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(made, dataclasses.fields(obj)[0].name, 0)
 
