@@ -47,6 +47,7 @@ class HeldSqliteStore(SqliteStore):
         expected_head: int,
         fence: int,
         mint_fence: bool = False,
+        normalized: bool = False,
     ) -> list[common_pb2.LogRecord]:
         self.kinds.extend(e.kind for e in events)
         self.appends.append([e.kind for e in events])
@@ -54,7 +55,12 @@ class HeldSqliteStore(SqliteStore):
             self.reached.set()
             await self.gate.wait()
         return await super().append(
-            uid, events, expected_head=expected_head, fence=fence, mint_fence=mint_fence
+            uid,
+            events,
+            expected_head=expected_head,
+            fence=fence,
+            mint_fence=mint_fence,
+            normalized=normalized,
         )
 
 

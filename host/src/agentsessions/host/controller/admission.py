@@ -25,7 +25,6 @@ from agentsessions.host.controller.errors import (
 from agentsessions.host.controller.executions import Execution, latest_execution
 from agentsessions.host.controller.sink import DeltaHold, DeltaSink
 from agentsessions.host.controller.state import open_gate
-from agentsessions.host.journal import canon
 from agentsessions.host.journal.feed import JournalFeed
 from agentsessions.host.journal.live import RETRY, KeyRecord, LiveStore
 from agentsessions.host.journal.store import ConflictError, FencedError, SessionRow
@@ -194,11 +193,11 @@ class LiveAdmission(Admission):
     ) -> list[common_pb2.LogRecord]:
         """Append ``events`` at ``expected`` with ``execution_id``'s lease (and the key or queue row
         it takes) in the same transaction, under a fence minted there."""
-        normalized = [canon.normalize_event(e) for e in events]
         lease = self.keeper.fresh(uid, execution_id)
         try:
-            with journal_append(uid, len(normalized)) as span:
-                records = await self.live.admit(uid, normalized, expected, lease, key=key, queued=queued)
+            with journal_append(uid, len(events)) as span:
+                # Normalized by the store, as it prepares the append (spec 3.3).
+                records = await self.live.admit(uid, events, expected, lease, key=key, queued=queued)
                 span.wrote(records)
         except ConflictError as exc:
             raise ConcurrencyError(f"session {uid}: {exc}") from exc

@@ -70,7 +70,7 @@ class JournalWriter:
         try:
             with journal_append(uid, len(normalized)) as span:
                 records = await self._store.append(
-                    uid, normalized, expected_head=head, fence=fence, mint_fence=mint_fence
+                    uid, normalized, expected_head=head, fence=fence, mint_fence=mint_fence, normalized=True
                 )
                 span.wrote(records)
         except ConflictError as exc:

@@ -452,8 +452,9 @@ class DialectStore:
         expected_head: int,
         fence: int,
         mint_fence: bool = False,
+        normalized: bool = False,
     ) -> list[common_pb2.LogRecord]:
-        prepared = rules.prepare_events(events)
+        prepared = rules.prepare_events(events, normalized=normalized)
         request = AppendRequest(uid, prepared, expected_head, fence, mint_fence)
 
         def announced(appended: rules.Appended) -> list[common_pb2.LogRecord]:

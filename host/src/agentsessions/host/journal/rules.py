@@ -112,13 +112,14 @@ class PreparedEvents(NamedTuple):
     canonical: tuple[bytes, ...]
 
 
-def prepare_events(events: Iterable[common_pb2.Event]) -> PreparedEvents:
-    """The work an append needs no lock for."""
-    normalized = tuple(normalize_event(ev) for ev in events)
+def prepare_events(events: Iterable[common_pb2.Event], *, normalized: bool = False) -> PreparedEvents:
+    """The work an append needs no lock for. ``normalized``: the events are as the journal stores
+    them already (``normalize_event``), not looked at again."""
+    stored = tuple(events) if normalized else tuple(normalize_event(ev) for ev in events)
     return PreparedEvents(
-        normalized,
-        tuple(ev.SerializeToString() for ev in normalized),
-        tuple(canonical_event(ev) for ev in normalized),
+        stored,
+        tuple(ev.SerializeToString() for ev in stored),
+        tuple(canonical_event(ev) for ev in stored),
     )
 
 

@@ -164,6 +164,7 @@ class JournalStore(Protocol):
         expected_head: int,
         fence: int,
         mint_fence: bool = False,
+        normalized: bool = False,
     ) -> list[common_pb2.LogRecord]:
         """Append events after ``expected_head`` atomically, hashing each onto the chain.
 
@@ -171,7 +172,8 @@ class JournalStore(Protocol):
         session's fence. With ``mint_fence`` the append also mints the session's next fence in
         the same transaction (``fence`` is ignored) and stamps the records with it: one durable
         commit instead of a mint and an append, and only a writer that wins the head mints.
-        Returns only once the records are durable."""
+        ``normalized``: the caller normalized the events already (``canon.normalize_event``, spec
+        3.3), which the store otherwise does. Returns only once the records are durable."""
         ...
 
     async def read(self, uid: str, from_seq: int = 1, to_seq: int = 0) -> list[common_pb2.LogRecord]:
