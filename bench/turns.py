@@ -346,7 +346,7 @@ def measure_throughput(
     """Best-of-``repeats`` turns/s per system at 1 and 32 sessions, systems interleaved, with the
     CPU each process spent per turn (the client's over its timed window, the servers' over the
     whole client run, warmup included). The systems' order is reversed every other round: on this
-    machine the system measured first in a round runs a few per cent slower (bench/README.md).
+    machine the system measured first in a round runs a few per cent slower (bench/NOTEBOOK.md).
     With ``langgraph_dir`` LangGraph runs in each round too, last in it or first, and its best is
     kept the same way (one run of it against the host's best of two favoured the host)."""
     for attempt in range(sizes.repeats):

@@ -1,6 +1,6 @@
 """The journal cache's event log: it reads like the list of events it was given, keeps them
 encoded (the collector walks none but the last few), and hands their encoding to a harness's
-Start.history as it is (bench/README.md, "The journal cache's events kept encoded")."""
+Start.history as it is (bench/NOTEBOOK.md, "The journal cache's events kept encoded")."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_a_search_for_a_rare_kind_from_the_end_decodes_only_that_kind() -> None:
 def test_a_replay_decodes_each_event_a_few_times_not_once_per_turn() -> None:
     # A controller replay re-runs every turn of the session with the history before it: with the
     # events kept encoded, reading that history whole for each turn decoded the journal once per
-    # turn (a 1,000-turn replay took 8.3 s against 0.17 s; bench/README.md).
+    # turn (a 1,000-turn replay took 8.3 s against 0.17 s; bench/NOTEBOOK.md).
     import asyncio
 
     from agentsessions.harnesses.echo import EchoHarness

@@ -1,7 +1,7 @@
 """The execution index the journal cache keeps for every cached session: an ended turn leaves the
 collector nothing to walk but the Execution itself (its record indexes are ranges, or tuples of
 ints where they do not follow one another; its EXECUTION_START and inputs read from the session's
-records when asked), and a record journaled after the END still joins the turn (bench/README.md,
+records when asked), and a record journaled after the END still joins the turn (bench/NOTEBOOK.md,
 load: what paces the collector)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ grpc.aio's own before any code of ours sees it (the request task for its method,
 wait over every method's request, the call's task, the handler's task). Each of those steps waited
 out the whole queue: under 200 turning sessions a ListSessions that takes 2 ms in its handler
 waited ~10 ms at the median and over 100 ms at the 99th percentile before its handler began
-(bench/README.md, "The journal cache's events kept encoded" and "Accepting first").
+(bench/NOTEBOOK.md, "The journal cache's events kept encoded" and "Accepting first").
 
 :class:`AcceptFirstLoop` keeps a second queue that runs ahead of the ready queue, for the callbacks
 whose context has :data:`ACCEPTING` set. The host sets it while it starts each gRPC server, so

@@ -114,7 +114,7 @@ class Limits:
     max_project_executions: int = 256
     # Of the loop's time the readers' own steps take (live delivery to watchers not counted); gRPC's
     # completion work for the messages they write runs outside those steps and is not counted, so
-    # their real share is a few times this (bench/README.md): 1 keeps 20 replayers, 20 listers and
+    # their real share is a few times this (bench/NOTEBOOK.md): 1 keeps 20 replayers, 20 listers and
     # 20 watchers within 20% of a saturated host's turns, every replay within a minute.
     max_read_loop_percent: int = 1
     max_listed_sessions_per_s: int = 10_000

@@ -52,7 +52,7 @@ def log_fields(logger: logging.Logger, level: int, msg: str, values: dict[str, A
     handler, no filter on its way), it goes there as parts, without a LogRecord, and the writer
     formats it with its batch: on a host that serves a call now and then, building the record and
     formatting the line cost the loop ~0.1 ms a call, most of it in caches gone cold since the
-    last call (bench/README.md, "What one RPC costs the host"). The line reads the same."""
+    last call (bench/NOTEBOOK.md, "What one RPC costs the host"). The line reads the same."""
     batches = _sole_writer(logger, level)
     if batches is None:
         logger.log(level, msg, extra=fields(**values))
@@ -119,7 +119,7 @@ class _Batches(logging.Handler):
     """Formats each record where it is logged and leaves the line to a writing thread, which wakes
     once for the first line of a batch, lets more gather for ``LINGER_S`` and writes them in one
     go. A thread woken for every line (a queue and its listener) cost a host ~0.15 ms of CPU per
-    RPC in wake-ups and GIL hand-offs (bench/README.md, "What one RPC costs the host").
+    RPC in wake-ups and GIL hand-offs (bench/NOTEBOOK.md, "What one RPC costs the host").
 
     :meth:`add` takes a line's parts without a LogRecord (see :func:`log_fields`); the writing thread
     formats those with the batch, where formatting thirty lines costs what one costs on a loop

@@ -90,7 +90,7 @@ def collect_garbage_for_serving() -> None:
 
     A young collection walks mostly the turns in flight, so its pause grows with the threshold;
     a middle one walks what the host kept since the last one. bench/load.py, 200 sessions with
-    readers, one phase (~75 s of a host's life; bench/README.md, "The collector at 50,000"): at
+    readers, one phase (~75 s of a host's life; bench/NOTEBOOK.md, "The collector at 50,000"): at
     50,000 and 3, ~40 young collections of ~15 ms (max 25 ms) and 10 middle ones of ~20 ms (max
     51 ms), 0.8 s in the collector; at 100,000 and 3, 4 young ones of 43-47 ms (max 67 ms) and one
     middle one of ~90 ms, 0.3 s. A listing's p99 in four alternated runs each: 74.4-87.0 ms at

@@ -6,7 +6,7 @@ every read and write of a socket runs on one of the engine's own threads (``even
 poller thread watches, which wakes the event loop. Its ``event_engine_client`` and
 ``event_engine_listener`` experiments switched off, connections go back to gRPC core's
 long-standing I/O manager, whose poller thread reads and writes the sockets itself: one thread
-hop fewer for each message. On this project's turn benchmark (bench/README.md, "The transport
+hop fewer for each message. On this project's turn benchmark (bench/NOTEBOOK.md, "The transport
 the commands choose") that took the host's CPU a turn down by 5-12% at 32 sessions and the echo
 harness's by 7-13%, and the turns a second up by up to ~10% (noisy: one A/B of five went 5% the
 other way).

@@ -6,7 +6,7 @@ watches the other end and runs grpc's handler, which reads **one** byte and then
 completion queued. A busy process gets its completions in bursts, so the handler that ran them all
 is followed by one call per byte still unread, each a pass of the loop, a ``recv`` system call
 and a look at an empty queue. On the host at 32 sessions 2-19 bytes were waiting at two of the
-handler's calls in three, 20 or more at a quarter (bench/README.md, "grpc.aio's completions in one
+handler's calls in three, 20 or more at a quarter (bench/NOTEBOOK.md, "grpc.aio's completions in one
 pass").
 
 :class:`GrpcEventLoop` wraps that one handler when grpc registers it: before it runs, the bytes

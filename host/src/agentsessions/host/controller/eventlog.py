@@ -4,7 +4,7 @@ The cache holds every event of every cached session for as long as the session s
 Kept as protobuf messages, each event is an object the cyclic collector walks at every
 collection of its generation, and on a busy host they were most of what the collector walked:
 ~5 a turn, 72,000 of the 98,000 objects a middle collection found under the load benchmark's
-readers, which made that collection take 110-170 ms (bench/README.md, "The collector's pauses").
+readers, which made that collection take 110-170 ms (bench/NOTEBOOK.md, "The collector's pauses").
 Bytes are not walked at all. So :class:`EventLog` keeps each event's encoding, and the decoded
 message of only the last :data:`RECENT` events: a turn reads its own records and the latest
 execution's, which are among them. An older event is decoded each time it is read (about a

@@ -54,7 +54,7 @@ class Execution:
     the journal cache holds an index for every cached session, and every message, list or
     ``__dict__`` kept here would be one more object the collector walks at each collection, for
     as long as the session stays cached (a range is never tracked, a tuple of ints is untracked
-    at its first collection; bench/README.md, load). ``start`` and ``inputs`` read the records
+    at its first collection; bench/NOTEBOOK.md, load). ``start`` and ``inputs`` read the records
     they name from ``events``, the log the index was fed."""
 
     id: str

@@ -184,7 +184,7 @@ async def open_ahead(
     carries the turn's trace context, and the turn's span begins when the harness runs); and a host
     where other sessions are in use (``others_busy``: their turns at whatever step), whose event
     loop has their work for that time, so the turn gains nothing and the harness's extra wakeup
-    (the call and its Start arriving apart) costs the machine CPU (bench/README.md, "The stream
+    (the call and its Start arriving apart) costs the machine CPU (bench/NOTEBOOK.md, "The stream
     opened ahead")."""
     opener: OpenAhead | None = getattr(resolved.harness, "open_ahead", None)
     if opener is None or others_busy or switch.enabled():

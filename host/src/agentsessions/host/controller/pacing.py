@@ -17,11 +17,11 @@ and on a slow one alike, whatever a record costs there. (A fixed 2,000 records a
 before it, was about 7% of the loop on a fast evening and far more on a slow one.) The charge is
 wall time: it counts a step's waits for the GIL and the time the machine preempts the loop in it,
 so a busy machine gives readers fewer records for the same share (56-111 us charged a record where
-the loop thread's CPU was 44-66 us, bench/README.md). What is not charged is gRPC's completion
+the loop thread's CPU was 44-66 us, bench/NOTEBOOK.md). What is not charged is gRPC's completion
 work for those messages, which runs in its own callbacks: with 20 replayers the turns lost a few
 times the share (5%: 15-24% fewer turns beside 20 listers; 2%: 13-14%). The default is 1% since
 live delivery stopped being charged: 20 replayers, 20 listers and 20 live watchers then cost a
-saturated host 10.7-15.9% of its turns with every replay done within its minute (bench/README.md).
+saturated host 10.7-15.9% of its turns with every replay done within its minute (bench/NOTEBOOK.md).
 
 The sessions ``ListSessions`` pages hold are paced by a rate of their own
 (``--max-listed-sessions-per-s``, 10,000 by default: dashboards page far more often than they
@@ -272,7 +272,7 @@ def live(delivering: bool) -> None:
     length, and it never waits on the budget (a follower waits only between pages it reads from the
     store). Charged, it only moved the budget's clock ahead of the reads that do wait: under the
     load suite, 20 watchers following live left 20 whole-journal replays a fraction of the share,
-    and replays ran past their callers' one-minute deadline (bench/README.md). So a step spent
+    and replays ran past their callers' one-minute deadline (bench/NOTEBOOK.md). So a step spent
     wholly on live delivery is not charged; any step that reads the store to catch up is, as a
     Replay's are."""
     charge = _CHARGE.get()

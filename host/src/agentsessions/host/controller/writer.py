@@ -262,7 +262,7 @@ class ExecutionWriter:
 # even on a saturated host: at 32 turning sessions the loop's queue puts several milliseconds
 # between the model's answer and the harness's END, and at 2 ms 64% of turns wrote their MODEL_CALL
 # and OUTPUT alone (an append, its tasks and its relay more a turn); at 10 ms under 5% do
-# (bench/README.md, "The OUTPUT's linger"). A harness that thinks longer gets its OUTPUT durable
+# (bench/NOTEBOOK.md, "The OUTPUT's linger"). A harness that thinks longer gets its OUTPUT durable
 # (and seen), and a streaming model's first delta out, this much later.
 SOON_LINGER_S = 0.010
 

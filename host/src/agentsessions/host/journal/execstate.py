@@ -168,7 +168,7 @@ def _sealed(p: ExecProjection) -> ExecProjection:
 # Only listings fill it: a row read to admit a turn finds a text the turn before it just changed
 # (a new execution id, its END), which no later read finds again. Kept, those made two objects a
 # turn that lived through ~8,000 more turns: 16,000 of the ~120,000 objects each young collection
-# of a loaded host walked, promoted to the older generations after (bench/README.md).
+# of a loaded host walked, promoted to the older generations after (bench/NOTEBOOK.md).
 _DECODED: dict[str, ExecProjection] = {}
 _DECODED_MAX: Final = 8192
 

@@ -844,7 +844,7 @@ class _SqliteDialect:
         # itself (two thread wake-ups and the GIL's return); on the event loop's thread it costs
         # none, but holds the loop through the fsync. Worth it only while nothing else waits on the
         # loop: one session turned 14% faster (165 -> 189 turns/s), 32 sessions 31% slower with
-        # the rule always on (bench/README.md).
+        # the rule always on (bench/NOTEBOOK.md).
         self.writer.inline = self._reader.inline = quiet
 
     def batch_failure(self, exc: Exception) -> BatchFailure:

@@ -72,7 +72,7 @@ class SchemaError(StoreError):
 
 # Listed sessions a host keeps ready for the next listing by default (the stores' decoded rows,
 # the service's encoded Sessions): a listing of 10,000 sessions pages through without
-# dropping any. ~1.2 KiB each, both kept together (bench/README.md).
+# dropping any. ~1.2 KiB each, both kept together (bench/NOTEBOOK.md).
 KEPT_LISTED: Final = 16_384
 
 
