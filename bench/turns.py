@@ -141,14 +141,15 @@ def verify_journal(journal: Path) -> subprocess.CompletedProcess[str]:
 DEFAULT_TRANSPORT: Final = ""
 
 
-def _env(transport: str | None = LEGACY_IO) -> dict[str, str]:
+def _env(transport: str | None = LEGACY_IO, first: Sequence[str] = ()) -> dict[str, str]:
     """A child's environment. Servers run on the gRPC transport the ``agentsessions`` commands
     choose (``agentsessions.sdk.grpcenv``), the bare floor as well as the host, so a ratio to the
     floor measures the host's own work; ``transport=None`` leaves a process on grpcio's default (the
     benchmark's clients, like a user's program). An environment that sets GRPC_EXPERIMENTS keeps
-    its setting everywhere."""
+    its setting everywhere. ``first``: directories ahead of the installed packages on the child's
+    path (another tree's sources: ``bench.ab``)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), *first, env.get("PYTHONPATH", "")) if p)
     if transport is not None:
         env.setdefault(VARIABLE, transport)
     return env
@@ -157,8 +158,10 @@ def _env(transport: str | None = LEGACY_IO) -> dict[str, str]:
 class Fleet:
     """The benchmark's server processes; all of them are stopped when the fleet closes."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, sources: Sequence[str] = ()) -> None:
         self.workdir = workdir
+        # Source directories the servers import from ahead of the installed packages (bench.ab).
+        self.sources = tuple(sources)
         self._procs: list[tuple[str, subprocess.Popen[str], TextIO]] = []
         self.pids: dict[str, int] = {}
 
@@ -167,7 +170,7 @@ class Fleet:
         proc = subprocess.Popen(
             list(argv),
             cwd=ROOT,
-            env=_env(transport),
+            env=_env(transport, self.sources),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -226,8 +229,8 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet(workdir: Path) -> Iterator[Fleet]:
-    f = Fleet(workdir)
+def fleet(workdir: Path, sources: Sequence[str] = ()) -> Iterator[Fleet]:
+    f = Fleet(workdir, sources)
     try:
         yield f
     finally:
