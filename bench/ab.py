@@ -6,7 +6,8 @@ Measures the working tree's host against the host of ``REV`` (any git revision o
 repository): each run starts an echo harness and an ``agentsessions serve`` (SQLite journal,
 synchronous=FULL, as shipped) of one tree, drives ``--sessions`` sessions of echo turns through it
 with the turns suite's client for ``--seconds``, and reads over a window inside that time the
-host's CPU (every thread of the process, user and system, from ``/proc``) and its turns a second.
+host's CPU (every thread of the process, user and system, from ``/proc``), the echo harness's (the
+tree's SDK) and the turns a second.
 ``REV``'s sources come from ``git archive`` into a temporary directory and go ahead of the installed
 packages on its processes' path; the client and this program are the working tree's.
 
@@ -52,6 +53,7 @@ class Run:
     tree: str  # "new" or "old"
     turns_per_s: float
     host_cpu_ms_per_turn: float
+    harness_cpu_ms_per_turn: float  # the echo harness process's (the tree's SDK)
     pace_ms: float  # the machine's pace just before the run (lower is faster)
 
 
@@ -119,7 +121,7 @@ def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> R
             "echo", [str(BIN / "agentsessions-harness"), "serve", ECHO, "--listen", "127.0.0.1:0"]
         )
         target = f.host("host", str(workdir / "journal.db"), {"bench-echo": echo})
-        pid = f.pids["host"]
+        pid, harness = f.pids["host"], f.pids["echo"]
         pace_ms = resultfile.pace()
         argv = _python(
             "bench.turn_client",
@@ -141,16 +143,20 @@ def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> R
         # The window: after the warm-up turns, before the client's last second.
         lead = min(2.0, sizes.seconds / 4)
         time.sleep(lead)
-        cpu_before, began = cpu_seconds(pid), time.monotonic()
+        before, began = (cpu_seconds(pid), cpu_seconds(harness)), time.monotonic()
         time.sleep(max(0.5, sizes.seconds - lead - 1.0))
-        cpu_after, ended = cpu_seconds(pid), time.monotonic()
+        after, ended = (cpu_seconds(pid), cpu_seconds(harness)), time.monotonic()
         out, _ = client.communicate(timeout=sizes.seconds + CLIENT_SLACK_S)
-        if client.returncode != 0 or cpu_before is None or cpu_after is None:
+        if client.returncode != 0 or None in before or None in after:
             raise RuntimeError(f"the {tree} tree's run failed (see {workdir})")
         done = json.loads(out.strip().splitlines()[-1])
     turns_per_s = float(done["turns_per_s"])
     turns = turns_per_s * (ended - began)
-    return Run(tree, turns_per_s, (cpu_after - cpu_before) / turns * 1000 if turns else 0.0, pace_ms)
+    spent = [
+        (b - a) / turns * 1000 if turns and a is not None and b is not None else 0.0
+        for a, b in zip(before, after, strict=True)
+    ]
+    return Run(tree, turns_per_s, spent[0], spent[1], pace_ms)
 
 
 def summarize(runs: Sequence[Run]) -> dict[str, Any]:
@@ -161,6 +167,7 @@ def summarize(runs: Sequence[Run]) -> dict[str, Any]:
         tree: {
             "turns_per_s": statistics.median(r.turns_per_s for r in rs),
             "host_cpu_ms_per_turn": statistics.median(r.host_cpu_ms_per_turn for r in rs),
+            "harness_cpu_ms_per_turn": statistics.median(r.harness_cpu_ms_per_turn for r in rs),
         }
         for tree, rs in (("new", new), ("old", old))
         if rs
@@ -206,19 +213,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = measure(tree, trees[tree], sizes, work / f"round-{i + 1}-{tree}")
                 runs.append(run)
                 print(
-                    f"round {i + 1} {tree}: {run.turns_per_s:7.1f} turns/s, host "
-                    f"{run.host_cpu_ms_per_turn:.3f} ms of CPU a turn (pace {run.pace_ms:.1f} ms)",
+                    f"round {i + 1} {tree}: {run.turns_per_s:7.1f} turns/s, CPU a turn: host "
+                    f"{run.host_cpu_ms_per_turn:.3f} ms, harness {run.harness_cpu_ms_per_turn:.3f} ms "
+                    f"(pace {run.pace_ms:.1f} ms)",
                     flush=True,
                 )
     summary = summarize(runs)
     for tree, m in summary["medians"].items():
-        print(f"median {tree}: {m['turns_per_s']:.1f} turns/s, {m['host_cpu_ms_per_turn']:.3f} ms a turn")
+        print(
+            f"median {tree}: {m['turns_per_s']:.1f} turns/s, CPU a turn: host "
+            f"{m['host_cpu_ms_per_turn']:.3f} ms, harness {m['harness_cpu_ms_per_turn']:.3f} ms"
+        )
     ratios = summary["ratios"]
     if ratios:
         print(
-            f"new / old: host CPU a turn {ratios['host_cpu_ms_per_turn']:.3f}, turns/s "
-            f"{ratios['turns_per_s']:.3f}; the new tree spent less in {summary['rounds_new_cheaper']} "
-            f"of {summary['rounds']} rounds"
+            f"new / old: host CPU a turn {ratios['host_cpu_ms_per_turn']:.3f}, harness CPU a turn "
+            f"{ratios['harness_cpu_ms_per_turn']:.3f}, turns/s {ratios['turns_per_s']:.3f}; the new "
+            f"tree's host spent less in {summary['rounds_new_cheaper']} of {summary['rounds']} rounds"
         )
     document = {
         "suite": "ab",

@@ -15,24 +15,26 @@ from bench.ab import Run, extract, imported_from, summarize
 
 def test_the_summary_takes_medians_their_ratios_and_the_rounds_the_new_tree_spent_less() -> None:
     runs = [
-        Run("new", 600.0, 1.80, 12.5),
-        Run("old", 560.0, 2.00, 12.6),
-        Run("old", 500.0, 2.10, 13.0),
-        Run("new", 480.0, 2.20, 13.1),  # a slow spell: the new tree spent more this round
-        Run("new", 590.0, 1.90, 12.4),
-        Run("old", 570.0, 1.95, 12.5),
+        Run("new", 600.0, 1.80, 0.60, 12.5),
+        Run("old", 560.0, 2.00, 0.62, 12.6),
+        Run("old", 500.0, 2.10, 0.66, 13.0),
+        Run("new", 480.0, 2.20, 0.70, 13.1),  # a slow spell: the new tree spent more this round
+        Run("new", 590.0, 1.90, 0.61, 12.4),
+        Run("old", 570.0, 1.95, 0.64, 12.5),
     ]
     summary = summarize(runs)
     assert summary["medians"] == {
-        "new": {"turns_per_s": 590.0, "host_cpu_ms_per_turn": 1.90},
-        "old": {"turns_per_s": 560.0, "host_cpu_ms_per_turn": 2.00},
+        "new": {"turns_per_s": 590.0, "host_cpu_ms_per_turn": 1.90, "harness_cpu_ms_per_turn": 0.61},
+        "old": {"turns_per_s": 560.0, "host_cpu_ms_per_turn": 2.00, "harness_cpu_ms_per_turn": 0.64},
     }
-    assert summary["ratios"] == pytest.approx({"turns_per_s": 590.0 / 560.0, "host_cpu_ms_per_turn": 0.95})
+    assert summary["ratios"] == pytest.approx(
+        {"turns_per_s": 590.0 / 560.0, "host_cpu_ms_per_turn": 0.95, "harness_cpu_ms_per_turn": 0.61 / 0.64}
+    )
     assert (summary["rounds_new_cheaper"], summary["rounds"]) == (2, 3)
 
 
 def test_a_summary_of_one_tree_has_no_ratios() -> None:
-    summary = summarize([Run("new", 600.0, 1.8, 12.5)])
+    summary = summarize([Run("new", 600.0, 1.8, 0.6, 12.5)])
     assert summary["ratios"] == {} and summary["rounds"] == 0
 
 
@@ -59,6 +61,7 @@ def test_a_quick_run_against_head_measures_both_trees(
     document = json.loads(out.read_text())
     assert [r["tree"] for r in document["runs"]] == ["new", "old"]
     for run in document["runs"]:
-        assert run["turns_per_s"] > 0 and run["host_cpu_ms_per_turn"] > 0 and run["pace_ms"] > 0
-    assert set(document["ratios"]) == {"turns_per_s", "host_cpu_ms_per_turn"}
+        assert run["turns_per_s"] > 0 and run["pace_ms"] > 0
+        assert run["host_cpu_ms_per_turn"] > 0 and run["harness_cpu_ms_per_turn"] > 0
+    assert set(document["ratios"]) == {"turns_per_s", "host_cpu_ms_per_turn", "harness_cpu_ms_per_turn"}
     assert "new / old: host CPU a turn" in capsys.readouterr().out
