@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import resultfile
-from bench.turns import BIN, CLIENT_SLACK_S, ROOT, _env, _python, cpu_seconds, fleet
+from bench.turns import BIN, CLIENT_SLACK_S, ROOT, _env, client_argv, cpu_seconds, fleet
 
 RESULTS: Final = ROOT / "bench" / "results" / "ab.json"
 # Where a tree keeps the packages a host and a harness import.
@@ -123,20 +123,7 @@ def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> R
         target = f.host("host", str(workdir / "journal.db"), {"bench-echo": echo})
         pid, harness = f.pids["host"], f.pids["echo"]
         pace_ms = resultfile.pace()
-        argv = _python(
-            "bench.turn_client",
-            "turns",
-            "--target",
-            target,
-            "--harness",
-            "bench-echo",
-            "--sessions",
-            str(sizes.sessions),
-            "--warmup",
-            str(WARMUP_TURNS),
-            "--seconds",
-            str(sizes.seconds),
-        )
+        argv = client_argv(target, "bench-echo", sizes.sessions, WARMUP_TURNS, sizes.seconds)
         client = subprocess.Popen(
             argv, cwd=ROOT, env=_env(None), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
         )

@@ -274,6 +274,25 @@ def run_json(argv: Sequence[str], timeout: float, transport: str | None = None) 
     return value
 
 
+def client_argv(target: str, harness: str, sessions: int, warmup: int, seconds: float) -> list[str]:
+    """The turns client's command: ``sessions`` sessions on ``target``, ``warmup`` untimed turns
+    each, then turns for ``seconds``."""
+    return _python(
+        "bench.turn_client",
+        "turns",
+        "--target",
+        target,
+        "--harness",
+        harness,
+        "--sessions",
+        str(sessions),
+        "--warmup",
+        str(warmup),
+        "--seconds",
+        str(seconds),
+    )
+
+
 def client_turns(
     target: str,
     harness: str,
@@ -287,20 +306,7 @@ def client_turns(
     transport: str | None = None,
 ) -> dict[str, Any]:
     window = sizes.seconds if seconds is None else seconds
-    argv = _python(
-        "bench.turn_client",
-        "turns",
-        "--target",
-        target,
-        "--harness",
-        harness,
-        "--sessions",
-        str(sessions),
-        "--warmup",
-        str(sizes.warmup if warmup is None else warmup),
-        "--seconds",
-        str(window),
-    )
+    argv = client_argv(target, harness, sessions, sizes.warmup if warmup is None else warmup, window)
     if turns:
         argv += ["--turns", str(turns)]
     if latencies:
