@@ -15,7 +15,9 @@ The trees take turns, and which goes first changes every round, so both meet the
 the machine. On a shared machine a run's CPU a turn swings by ±10% with the machine's pace, more
 than most changes move it: a single run of each tree says little, and the median over the rounds,
 with how many rounds the new tree spent less, is what to read (bench/NOTEBOOK.md, "Fewer frames a
-turn"). Each run also records the machine's pace before it (``bench.resultfile.pace``).
+turn"). The machine's pace (``bench.resultfile``) is sampled every second throughout, and the
+comparison is made twice: over every round, and over the steady rounds alone, whose two runs both
+met the machine at its usual pace.
 
 Prints every run, the medians and the ratios new / old; writes ``bench/results/ab.json``.
 """
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import resultfile
+from bench.resultfile import SLOW_PACE
 from bench.turns import BIN, CLIENT_SLACK_S, ROOT, _env, client_argv, cpu_seconds, fleet
 
 RESULTS: Final = ROOT / "bench" / "results" / "ab.json"
@@ -44,17 +47,29 @@ RESULTS: Final = ROOT / "bench" / "results" / "ab.json"
 SOURCE_DIRS: Final = ("host/src", "sdk/src", "harnesses/src")
 ECHO: Final = "agentsessions.harnesses.echo:EchoHarness"
 WARMUP_TURNS: Final = 3
+# What is compared: the medians of these figures of each tree's runs.
+FIGURES: Final = ("turns_per_s", "host_cpu_ms_per_turn", "harness_cpu_ms_per_turn")
+# The machine's pace sampled every second while the trees run: a round counts as steady when at
+# most this share of each of its two runs' samples was slow.
+PACE_EVERY_S: Final = 1.0
+STEADY_SLOW_SHARE: Final = 0.2
 
 
 @dataclass
 class Run:
-    """One tree's run: its turns a second over the window and the host's CPU a turn in it."""
+    """One tree's run: its turns a second over the window, the host's and the echo harness's CPU a
+    turn in it, and how much of the window the machine spent in a slow spell."""
 
+    round: int
     tree: str  # "new" or "old"
     turns_per_s: float
     host_cpu_ms_per_turn: float
     harness_cpu_ms_per_turn: float  # the echo harness process's (the tree's SDK)
-    pace_ms: float  # the machine's pace just before the run (lower is faster)
+    began: float  # the window, time.monotonic()
+    ended: float
+    # The share of the machine's pace samples in the window that were slow (over SLOW_PACE times
+    # the fastest sample of the whole comparison); None: no sample fell in it.
+    slow_share: float | None = None
 
 
 @dataclass
@@ -113,7 +128,7 @@ def imported_from(sources: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> Run:
+def measure(round_: int, tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> Run:
     """One run of the tree whose sources are ``sources`` (none: the installed working tree)."""
     workdir.mkdir(parents=True)
     with fleet(workdir, sources) as f:
@@ -122,7 +137,6 @@ def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> R
         )
         target = f.host("host", str(workdir / "journal.db"), {"bench-echo": echo})
         pid, harness = f.pids["host"], f.pids["echo"]
-        pace_ms = resultfile.pace()
         argv = client_argv(target, "bench-echo", sizes.sessions, WARMUP_TURNS, sizes.seconds)
         client = subprocess.Popen(
             argv, cwd=ROOT, env=_env(None), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True
@@ -143,36 +157,69 @@ def measure(tree: str, sources: Sequence[str], sizes: Sizes, workdir: Path) -> R
         (b - a) / turns * 1000 if turns and a is not None and b is not None else 0.0
         for a, b in zip(before, after, strict=True)
     ]
-    return Run(tree, turns_per_s, spent[0], spent[1], pace_ms)
+    return Run(round_, tree, turns_per_s, spent[0], spent[1], began, ended)
+
+
+def mark_slow(runs: Sequence[Run], timed: Sequence[tuple[float, float]]) -> None:
+    """Each run's share of slow pace samples (``timed``: when each was taken, and its ms), slow
+    meaning over ``SLOW_PACE`` times the fastest sample of the whole comparison."""
+    if not timed:
+        return
+    fastest = min(ms for _, ms in timed)
+    for run in runs:
+        inside = [ms for at, ms in timed if run.began <= at <= run.ended]
+        if inside:
+            run.slow_share = sum(1 for ms in inside if ms > SLOW_PACE * fastest) / len(inside)
+
+
+def compare(runs: Sequence[Run]) -> dict[str, Any]:
+    """Medians per tree, their ratios new / old, and in how many rounds the new tree's host spent
+    less (rounds with a run of each tree)."""
+    medians = {}
+    for tree in ("new", "old"):
+        mine = [r for r in runs if r.tree == tree]
+        if mine:
+            medians[tree] = {key: statistics.median(getattr(r, key) for r in mine) for key in FIGURES}
+    ratios = {}
+    if len(medians) == 2:
+        ratios = {key: medians["new"][key] / medians["old"][key] for key in FIGURES if medians["old"][key]}
+    pairs = _pairs(runs)
+    cheaper = sum(1 for new, old in pairs if new.host_cpu_ms_per_turn < old.host_cpu_ms_per_turn)
+    return {"medians": medians, "ratios": ratios, "rounds": len(pairs), "rounds_new_cheaper": cheaper}
 
 
 def summarize(runs: Sequence[Run]) -> dict[str, Any]:
-    """Medians per tree, their ratios new / old, and in how many rounds the new tree spent less."""
-    new = [r for r in runs if r.tree == "new"]
-    old = [r for r in runs if r.tree == "old"]
-    medians = {
-        tree: {
-            "turns_per_s": statistics.median(r.turns_per_s for r in rs),
-            "host_cpu_ms_per_turn": statistics.median(r.host_cpu_ms_per_turn for r in rs),
-            "harness_cpu_ms_per_turn": statistics.median(r.harness_cpu_ms_per_turn for r in rs),
-        }
-        for tree, rs in (("new", new), ("old", old))
-        if rs
-    }
-    ratios = {}
-    if "new" in medians and "old" in medians:
-        ratios = {
-            key: medians["new"][key] / medians["old"][key] for key in medians["new"] if medians["old"][key]
-        }
-    cheaper = sum(
-        1 for n, o in zip(new, old, strict=False) if n.host_cpu_ms_per_turn < o.host_cpu_ms_per_turn
-    )
-    return {
-        "medians": medians,
-        "ratios": ratios,
-        "rounds_new_cheaper": cheaper,
-        "rounds": min(len(new), len(old)),
-    }
+    """``compare`` over every round, and over the steady rounds alone: those whose two runs both
+    met the machine at its usual pace (at most ``STEADY_SLOW_SHARE`` of their samples slow)."""
+    steady = [
+        r
+        for new, old in _pairs(runs)
+        if all(x.slow_share is not None and x.slow_share <= STEADY_SLOW_SHARE for x in (new, old))
+        for r in (new, old)
+    ]
+    return {"all": compare(runs), "steady": compare(steady)}
+
+
+def _pairs(runs: Sequence[Run]) -> list[tuple[Run, Run]]:
+    by_round: dict[int, dict[str, Run]] = {}
+    for run in runs:
+        by_round.setdefault(run.round, {})[run.tree] = run
+    return [(trees["new"], trees["old"]) for _, trees in sorted(by_round.items()) if len(trees) == 2]
+
+
+def _report(name: str, found: dict[str, Any]) -> None:
+    for tree, m in found["medians"].items():
+        print(
+            f"{name}, median {tree}: {m['turns_per_s']:.1f} turns/s, CPU a turn: host "
+            f"{m['host_cpu_ms_per_turn']:.3f} ms, harness {m['harness_cpu_ms_per_turn']:.3f} ms"
+        )
+    ratios = found["ratios"]
+    if ratios:
+        print(
+            f"{name}, new / old: host CPU a turn {ratios['host_cpu_ms_per_turn']:.3f}, harness CPU a "
+            f"turn {ratios['harness_cpu_ms_per_turn']:.3f}, turns/s {ratios['turns_per_s']:.3f}; the new "
+            f"tree's host spent less in {found['rounds_new_cheaper']} of {found['rounds']} rounds"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,33 +237,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sizes.rounds < 1 or sizes.sessions < 1 or sizes.seconds < 2:
         parser.error("--rounds and --sessions must be at least 1, --seconds at least 2")
     runs: list[Run] = []
-    with tempfile.TemporaryDirectory(prefix="agentsessions-bench-ab-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="agentsessions-bench-ab-") as tmp,
+        resultfile.PaceSampler(PACE_EVERY_S) as sampler,
+    ):
         work = Path(tmp)
         old_sources = extract(args.rev, work / "old-tree")
         trees = {"new": (), "old": tuple(old_sources)}
-        for i in range(sizes.rounds):
-            order = ("new", "old") if i % 2 == 0 else ("old", "new")
+        for i in range(1, sizes.rounds + 1):
+            order = ("new", "old") if i % 2 else ("old", "new")
             for tree in order:
-                run = measure(tree, trees[tree], sizes, work / f"round-{i + 1}-{tree}")
+                run = measure(i, tree, trees[tree], sizes, work / f"round-{i}-{tree}")
                 runs.append(run)
                 print(
-                    f"round {i + 1} {tree}: {run.turns_per_s:7.1f} turns/s, CPU a turn: host "
-                    f"{run.host_cpu_ms_per_turn:.3f} ms, harness {run.harness_cpu_ms_per_turn:.3f} ms "
-                    f"(pace {run.pace_ms:.1f} ms)",
+                    f"round {i} {tree}: {run.turns_per_s:7.1f} turns/s, CPU a turn: host "
+                    f"{run.host_cpu_ms_per_turn:.3f} ms, harness {run.harness_cpu_ms_per_turn:.3f} ms",
                     flush=True,
                 )
+    mark_slow(runs, sampler.timed)
+    for run in runs:
+        share = "not sampled" if run.slow_share is None else f"{run.slow_share:.0%} of its pace samples slow"
+        print(f"round {run.round} {run.tree}: {share}")
     summary = summarize(runs)
-    for tree, m in summary["medians"].items():
+    _report("all rounds", summary["all"])
+    if summary["steady"]["rounds"]:
+        _report("steady rounds", summary["steady"])
+    else:
         print(
-            f"median {tree}: {m['turns_per_s']:.1f} turns/s, CPU a turn: host "
-            f"{m['host_cpu_ms_per_turn']:.3f} ms, harness {m['harness_cpu_ms_per_turn']:.3f} ms"
-        )
-    ratios = summary["ratios"]
-    if ratios:
-        print(
-            f"new / old: host CPU a turn {ratios['host_cpu_ms_per_turn']:.3f}, harness CPU a turn "
-            f"{ratios['harness_cpu_ms_per_turn']:.3f}, turns/s {ratios['turns_per_s']:.3f}; the new "
-            f"tree's host spent less in {summary['rounds_new_cheaper']} of {summary['rounds']} rounds"
+            f"steady rounds: none (no round whose two runs had at most {STEADY_SLOW_SHARE:.0%} slow samples)"
         )
     document = {
         "suite": "ab",
@@ -226,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sizes": asdict(sizes),
         "runs": [asdict(r) for r in runs],
         **summary,
+        "pace": {
+            "every_s": PACE_EVERY_S,
+            "slow_over_fastest": SLOW_PACE,
+            "steady_slow_share": STEADY_SLOW_SHARE,
+        },
         "machine": resultfile.machine(),
     }
     resultfile.write(args.out, document)
