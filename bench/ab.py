@@ -70,6 +70,9 @@ class Run:
     # The share of the machine's pace samples in the window that were slow (over SLOW_PACE times
     # the fastest sample of the whole comparison); None: no sample fell in it.
     slow_share: float | None = None
+    # The window's median pace sample over the comparison's fastest (1.0: the machine at its best).
+    # Not a correction: in a slow spell the host's CPU a turn rises less than the fixed work's.
+    pace_factor: float | None = None
 
 
 @dataclass
@@ -170,6 +173,7 @@ def mark_slow(runs: Sequence[Run], timed: Sequence[tuple[float, float]]) -> None
         inside = [ms for at, ms in timed if run.began <= at <= run.ended]
         if inside:
             run.slow_share = sum(1 for ms in inside if ms > SLOW_PACE * fastest) / len(inside)
+            run.pace_factor = statistics.median(inside) / fastest
 
 
 def compare(runs: Sequence[Run]) -> dict[str, Any]:
@@ -182,7 +186,11 @@ def compare(runs: Sequence[Run]) -> dict[str, Any]:
             medians[tree] = {key: statistics.median(getattr(r, key) for r in mine) for key in FIGURES}
     ratios = {}
     if len(medians) == 2:
-        ratios = {key: medians["new"][key] / medians["old"][key] for key in FIGURES if medians["old"][key]}
+        ratios = {
+            key: medians["new"][key] / value
+            for key, value in medians["old"].items()
+            if value and key in medians["new"]
+        }
     pairs = _pairs(runs)
     cheaper = sum(1 for new, old in pairs if new.host_cpu_ms_per_turn < old.host_cpu_ms_per_turn)
     return {"medians": medians, "ratios": ratios, "rounds": len(pairs), "rounds_new_cheaper": cheaper}
@@ -256,8 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     mark_slow(runs, sampler.timed)
     for run in runs:
-        share = "not sampled" if run.slow_share is None else f"{run.slow_share:.0%} of its pace samples slow"
-        print(f"round {run.round} {run.tree}: {share}")
+        if run.slow_share is None or run.pace_factor is None:
+            print(f"round {run.round} {run.tree}: the machine's pace not sampled")
+        else:
+            print(
+                f"round {run.round} {run.tree}: {run.slow_share:.0%} of its pace samples slow, their "
+                f"median {run.pace_factor:.2f}x the fastest"
+            )
     summary = summarize(runs)
     _report("all rounds", summary["all"])
     if summary["steady"]["rounds"]:

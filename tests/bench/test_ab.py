@@ -50,6 +50,8 @@ def test_a_run_is_slow_for_the_share_of_its_samples_over_the_comparisons_fastest
     timed = [(10.5, 12.0), (11.0, 20.0), (12.0, 13.0), (14.0, 12.5), (40.0, 30.0)]
     mark_slow(runs, timed)
     assert runs[0].slow_share == pytest.approx(1 / 4) and runs[1].slow_share == pytest.approx(1 / 4)
+    # The window's median sample (12.75 ms) over the fastest.
+    assert runs[0].pace_factor == pytest.approx(12.75 / 12.0)
     lonely = [_run(9, "new", 600.0, 1.8, 0.6, None)]
     mark_slow(lonely, timed)
     assert lonely[0].slow_share is None
