@@ -152,7 +152,9 @@ def measure(round_: int, tree: str, sources: Sequence[str], sizes: Sizes, workdi
         after, ended = (cpu_seconds(pid), cpu_seconds(harness)), time.monotonic()
         out, _ = client.communicate(timeout=sizes.seconds + CLIENT_SLACK_S)
         if client.returncode != 0 or None in before or None in after:
-            raise RuntimeError(f"the {tree} tree's run failed (see {workdir})")
+            # The work directory goes with the comparison's: what the host said comes along.
+            said = (workdir / "host.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the {tree} tree's run failed; the end of its host's log:\n{said}")
         done = json.loads(out.strip().splitlines()[-1])
     turns_per_s = float(done["turns_per_s"])
     turns = turns_per_s * (ended - began)
