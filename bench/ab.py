@@ -174,7 +174,7 @@ def mark_slow(runs: Sequence[Run], timed: Sequence[tuple[float, float]]) -> None
     for run in runs:
         inside = [ms for at, ms in timed if run.began <= at <= run.ended]
         if inside:
-            run.slow_share = sum(1 for ms in inside if ms > SLOW_PACE * fastest) / len(inside)
+            run.slow_share = resultfile.slow_share(inside, fastest)
             run.pace_factor = statistics.median(inside) / fastest
 
 

@@ -13,12 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-__all__ = ["PaceSampler", "machine", "pace", "pace_line", "sampled_line", "write"]
+__all__ = ["PaceSampler", "machine", "pace", "pace_line", "sampled_line", "slow_share", "write"]
 
 PACE_REPEATS: Final = 7
 # A sample counts as slow past this multiple of the run's fastest.
@@ -124,14 +124,18 @@ class PaceSampler:
         if not self.samples:
             return {"samples": 0}
         fastest = min(self.samples)
-        slow = sum(1 for ms in self.samples if ms > SLOW_PACE * fastest)
         return {
             "samples": len(self.samples),
             "fastest_ms": fastest,
             "median_ms": statistics.median(self.samples),
             "mean_ms": statistics.fmean(self.samples),
-            "slow_share": slow / len(self.samples),
+            "slow_share": slow_share(self.samples, fastest),
         }
+
+
+def slow_share(samples: Sequence[float], fastest: float) -> float:
+    """The share of pace ``samples`` (ms, at least one) slower than ``SLOW_PACE`` times ``fastest``."""
+    return sum(1 for ms in samples if ms > SLOW_PACE * fastest) / len(samples)
 
 
 def pace_line(pace: Mapping[str, Any]) -> str:
