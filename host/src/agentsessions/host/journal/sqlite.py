@@ -770,6 +770,7 @@ class _SqliteDialect:
         records: _Connection,
         scanner: _Connection,
         pages_here: _Connection | None = None,
+        kept_listed: int = KEPT_LISTED,
     ) -> None:
         self.path = path
         self.writer = writer
@@ -786,7 +787,7 @@ class _SqliteDialect:
         # Pages of sessions on the event loop's own thread, first: see list_rows.
         self._pages_here = pages_here
         self.pages_here = 0  # pages served on the event loop's thread (stats, tests)
-        self.listed: ListedRows[str] = ListedRows()  # by each row's page line (_list_texts)
+        self.listed: ListedRows[str] = ListedRows(kept_listed)  # by each row's page line (_list_texts)
         # PRAGMA data_version in the writer's last transaction (None: before the first).
         self.data_version: int | None = None
         # The WAL index's header, mapped read-only by map_wal_index (None: not mapped).
@@ -1012,8 +1013,7 @@ class SqliteStore(DialectStore):
                     await connection.close()
             raise
         reader, *pagers, records, scanner, here = opened[1:]
-        dialect = _SqliteDialect(where, writer, reader, pagers, records, scanner, here)
-        dialect.listed = ListedRows(kept_listed)
+        dialect = _SqliteDialect(where, writer, reader, pagers, records, scanner, here, kept_listed)
         # Mapped here, once: the file is in WAL mode and open, so its index exists by now.
         dialect.map_wal_index()
         return cls(dialect, max_batch=max_batch)
